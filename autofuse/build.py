@@ -1,0 +1,128 @@
+"""Compile a fused Relax module and run it: targets, the post-fusion pipeline, timing.
+
+The pipeline here is TVM's default one minus what `tvm_bridge.normalize` and `apply.apply_plan`
+already did (legalize, FuseOps, FuseTIR): running FuseOps again would re-fuse our groups.
+On CUDA every kernel gets DLight's default GPU schedules, as in TVM's own CUDA pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+TARGET_ALIASES = {"cpu": "llvm", "gpu": "cuda"}
+
+
+def make_target(spec: str) -> tvm.target.Target:
+    """A Target from 'llvm', 'cpu', 'cuda', 'cuda:sm_80' or a JSON target dict.
+
+    CPU targets get `num-cores` (MetaSchedule needs it); CUDA defaults to sm_90 (H200/H100).
+    """
+    spec = TARGET_ALIASES.get(spec, spec)
+    if spec.startswith("{"):
+        config = json.loads(spec)
+    elif spec == "llvm":
+        config = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
+    elif spec.split(":")[0] == "cuda":
+        arch = spec.split(":", 1)[1] if ":" in spec else "sm_90"
+        config = {"kind": "cuda", "arch": arch, "host": {"kind": "llvm"}}
+    else:
+        raise ValueError(f"unknown target {spec!r}; use llvm, cuda, cuda:sm_XX or a JSON dict")
+    try:
+        return tvm.target.Target(config)
+    except Exception as err:
+        raise ValueError(f"invalid target {spec!r}: {err}") from err
+
+
+def target_name(target: tvm.target.Target) -> str:
+    """Short stable name for logs: 'llvm' or 'cuda:sm_90'."""
+    if target.kind.name == "cuda":
+        return f"cuda:{target.attrs.get('arch', 'sm_90')}"
+    return str(target.kind.name)
+
+
+def _post_fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    if target.kind.name == "cuda":
+        from tvm.relax.backend.cuda import pipeline as backend
+        from tvm.s_tir import dlight as dl
+
+        schedule = [
+            dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(),
+                dl.gpu.GEMV(),
+                dl.gpu.Reduction(),
+                dl.gpu.GeneralReduction(),
+                dl.gpu.Fallback(),
+            )
+        ]
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as backend  # type: ignore[no-redef]
+
+        schedule = []
+    return schedule + backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+
+
+def build(fused: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
+    """Compile an already fused module (output of apply.apply_plan) for `target`."""
+
+    @tvm.transform.module_pass(opt_level=0, name="AutofusePostFusion")
+    def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(_post_fusion_passes(target))(mod)
+
+    return tvm.compile(fused, target=target, relax_pipeline=pipeline)
+
+
+def device_for(target: tvm.target.Target) -> tvm.runtime.Device:
+    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How a compiled plan is timed.
+
+    One untimed warm-up call, then `repeat` timed samples, each the mean of `number` calls (at
+    least `min_repeat_ms` per sample): 1 + number * repeat calls in all. The median of the
+    samples is the latency; the interquartile range relative to it is the stated noise.
+    """
+
+    number: int = 5
+    repeat: int = 7
+    min_repeat_ms: int = 20
+    warmup: int = 1
+    timeout_s: float = 300.0
+
+
+def run(ex: tvm.runtime.Executable, dev: tvm.runtime.Device, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
+    return [o.numpy() for o in _flatten(out)]
+
+
+def _flatten(out: object) -> list[tvm.runtime.Tensor]:
+    if hasattr(out, "numpy"):
+        return [out]  # type: ignore[list-item]
+    return [t for item in out for t in _flatten(item)]  # type: ignore[attr-defined]
+
+
+def time_latency(
+    ex: tvm.runtime.Executable,
+    dev: tvm.runtime.Device,
+    inputs: Sequence[np.ndarray],
+    config: MeasureConfig,
+) -> list[float]:
+    """Per-sample latencies in seconds (`config.repeat` samples, after warm-up)."""
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    for _ in range(config.warmup):
+        vm["main"](*args)
+    timer = vm.time_evaluator(
+        "main", dev, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms
+    )
+    return [float(r) for r in timer(*args).results]

@@ -1,0 +1,169 @@
+"""The plan space: fusion decisions over an OpGraph, and their decoding into legal plans.
+
+A decision says "put these two nodes in one kernel". Three kinds, as in the mission:
+vertical (producer -> consumer, anchors with their epilogues included), reduction (a reduce
+feeding its elementwise/broadcast consumers: TVM's rules never do this) and horizontal (siblings
+reading one tensor, or independent look-alike ops). Each decision has a stable id, so a plan is
+a fixed flat set of booleans that Optuna can search.
+
+Decoding applies the chosen decisions greedily in a fixed order, skipping any merge that would
+break a legality rule, until nothing changes: every parameter vector maps to a legal plan, and
+`decode(encode(p)) == p` for any legal plan whose groups are connected by decisions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from autofuse.graph import OpGraph
+from autofuse.plan import FusionLimits
+from autofuse.plan import FusionPlan
+from autofuse.plan import IllegalPlanError
+from autofuse.plan import check_group
+
+SPACE_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+
+
+@dataclass(frozen=True, order=True)
+class Decision:
+    a: int
+    b: int
+    kind: str  # vertical | reduction | horizontal
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind[0]}:{self.a}-{self.b}"
+
+
+def load_limits(path_or_name: str | Path | None = None) -> tuple[str, FusionLimits]:
+    """Read a search-space file (a path, or a name under search_spaces/); returns (name, limits)."""
+    if path_or_name is None:
+        path_or_name = "default"
+    path = Path(path_or_name)
+    if not path.suffix:
+        path = SPACE_DIR / f"{path_or_name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"search-space file not found: {path}")
+    data = json.loads(path.read_text())
+    return str(data.get("name", path.stem)), FusionLimits.from_dict(data)
+
+
+class SearchSpace:
+    """All fusion decisions of one graph under one set of limits."""
+
+    def __init__(self, graph: OpGraph, limits: FusionLimits | None = None) -> None:
+        self.graph = graph
+        self.limits = limits or FusionLimits()
+        self.decisions = tuple(sorted(self._enumerate()))
+        self.by_id = {d.id: d for d in self.decisions}
+
+    def _enumerate(self) -> set[Decision]:
+        g, lim = self.graph, self.limits
+        out: set[Decision] = set()
+        fusable = [n.fusable for n in g.nodes]
+        for u, v in g.edges:
+            if fusable[u] and fusable[v]:
+                kind = "reduction" if g.nodes[u].is_reduction else "vertical"
+                if kind in lim.kinds:
+                    out.add(Decision(u, v, kind))
+        if "horizontal" not in lim.kinds:
+            return out
+        for readers in self._sibling_sets():
+            cands = [n for n in readers if fusable[n]]
+            for a, b in zip(cands, cands[1:]):
+                if b - a <= lim.horizontal_window and g.independent(a, b):
+                    out.add(Decision(a, b, "horizontal"))
+        for a in range(len(g)):  # independent look-alikes, e.g. parallel branches
+            for b in range(a + 1, min(len(g), a + lim.horizontal_window + 1)):
+                na, nb = g.nodes[a], g.nodes[b]
+                if (
+                    fusable[a] and fusable[b] and na.op == nb.op and na.shape == nb.shape
+                    and g.independent(a, b)
+                ):
+                    out.add(Decision(a, b, "horizontal"))
+        return out
+
+    def _sibling_sets(self) -> list[tuple[int, ...]]:
+        sets = [s for s in self.graph.succs if len(s) > 1]
+        sets.extend(r for r in self.graph.input_readers if len(r) > 1)
+        return sets
+
+    def __len__(self) -> int:
+        return len(self.decisions)
+
+    def decode(self, params: dict[str, bool], name: str = "") -> FusionPlan:
+        """Greedy legal merging of the chosen decisions (missing ids count as False)."""
+        builder = _PlanBuilder(self.graph, self.limits)
+        pending = [d for d in self.decisions if params.get(d.id, False)]
+        while pending:
+            left = [d for d in pending if not builder.try_merge(d.a, d.b)]
+            if len(left) == len(pending):
+                break
+            pending = left
+        return builder.plan(name)
+
+    def encode(self, plan: FusionPlan) -> dict[str, bool]:
+        group_of = plan.group_of()
+        return {d.id: group_of[d.a] == group_of[d.b] for d in self.decisions}
+
+    def plan_of_kinds(self, kinds: set[str], name: str = "") -> FusionPlan:
+        """The plan that takes every decision of the given kinds."""
+        return self.decode({d.id: d.kind in kinds for d in self.decisions}, name)
+
+
+class _PlanBuilder:
+    def __init__(self, graph: OpGraph, limits: FusionLimits) -> None:
+        self.graph, self.limits = graph, limits
+        self.leader = list(range(len(graph)))
+        self.members: dict[int, list[int]] = {i: [i] for i in range(len(graph))}
+
+    def find(self, x: int) -> int:
+        while self.leader[x] != x:
+            self.leader[x] = self.leader[self.leader[x]]
+            x = self.leader[x]
+        return x
+
+    def try_merge(self, a: int, b: int) -> bool:
+        ga, gb = self.find(a), self.find(b)
+        if ga == gb:
+            return True
+        merged = tuple(sorted(self.members[ga] + self.members[gb]))
+        try:
+            check_group(self.graph, merged, self.limits)
+        except IllegalPlanError:
+            return False
+        if self._closes_cycle(ga, gb):
+            return False
+        self.leader[gb] = ga
+        self.members[ga] = list(merged)
+        del self.members[gb]
+        return True
+
+    def _closes_cycle(self, ga: int, gb: int) -> bool:
+        # After merging, a cycle exists iff some path leaves the merged group through another
+        # group and comes back; search the group graph from the merged group's successors.
+        start = {ga, gb}
+        frontier = [
+            self.find(v)
+            for g in start
+            for u in self.members[g]
+            for v in self.graph.succs[u]
+            if self.find(v) not in start
+        ]
+        seen = set(frontier)
+        while frontier:
+            g = frontier.pop()
+            for u in self.members[g]:
+                for v in self.graph.succs[u]:
+                    h = self.find(v)
+                    if h in start:
+                        return True
+                    if h not in seen:
+                        seen.add(h)
+                        frontier.append(h)
+        return False
+
+    def plan(self, name: str) -> FusionPlan:
+        return FusionPlan.from_groups(self.members.values(), name)

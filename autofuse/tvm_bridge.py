@@ -1,0 +1,264 @@
+"""TVM read side: normalise a Relax module and read its operator graph and FuseOps' grouping.
+
+With apply.py (write side) and build.py (compile and run), this is the thin layer that touches
+TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Ordering rules:
+`normalize` runs the passes TVM's default pipeline runs before FuseOps; `extract_graph` and
+`apply.apply_plan` expect its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from autofuse.graph import OpGraph
+from autofuse.graph import OpKind
+from autofuse.graph import OpNode
+from autofuse.plan import FusionPlan
+
+
+@lru_cache(maxsize=1)
+def call_tir_op() -> tvm.ir.Op:
+    return tvm.ir.Op.get("relax.call_tir")
+
+
+def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Legalize `mod` the way TVM's default pipeline does before FuseOps, plus inference folds.
+
+    Conv+BatchNorm with constant parameters is folded into the conv weights and a bias
+    (W*g/s, (b-m)*g/s+beta); remaining batch norms are decomposed to elementwise ops.
+    """
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.FoldBatchnormToConv2D(),
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
+    return seq(mod)
+
+
+@dataclass
+class MainBlock:
+    """The main function's first dataflow block, and its call_tir bindings in order."""
+
+    func: relax.Function
+    block_index: int
+    bindings: list[relax.Binding]
+    node_bindings: list[relax.Binding]
+
+
+def main_block(mod: tvm.IRModule) -> MainBlock:
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError("the module has no 'main' function")
+    func = mod["main"]
+    if not isinstance(func.body, relax.SeqExpr):
+        raise ValueError("main's body is not a sequence of binding blocks")
+    for i, block in enumerate(func.body.blocks):
+        if isinstance(block, relax.DataflowBlock):
+            bindings = list(block.bindings)
+            nodes = [b for b in bindings if is_call_tir(b)]
+            return MainBlock(func, i, bindings, nodes)
+    raise ValueError("main has no dataflow block: nothing to fuse")
+
+
+def is_call_tir(binding: relax.Binding) -> bool:
+    value = binding.value
+    return (
+        isinstance(binding, relax.VarBinding)
+        and isinstance(value, relax.Call)
+        and value.op.same_as(call_tir_op())
+    )
+
+
+def _static_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None:
+        raise ValueError(f"{where}: tensor has no known shape; fix the input dimensions")
+    try:
+        return tuple(int(v) for v in values), str(ty.dtype)
+    except TypeError as err:
+        raise ValueError(f"{where}: symbolic shape {shape}; fix the input dimensions") from err
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    bits = tvm.DataType(dtype).bits * max(tvm.DataType(dtype).lanes, 1)
+    return int(np.prod(shape, dtype=np.int64)) * bits // 8
+
+
+def _flops(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, cache: dict[str, float]) -> float:
+    name = gv.name_hint
+    if name not in cache:
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        try:
+            cache[name] = float(estimate_tir_flops(tvm.IRModule({"main": mod[gv]})))
+        except Exception:  # the estimator rejects some loop forms; FLOPs are only a feature
+            cache[name] = 0.0
+    return cache[name]
+
+
+def _arg_bytes(arg: relax.Expr) -> int:
+    ty = getattr(arg, "ty", None)
+    try:
+        shape, dtype = _static_shape(ty, "argument")
+    except ValueError:
+        return 0
+    return _nbytes(shape, dtype)
+
+
+def extract_graph(mod: tvm.IRModule) -> OpGraph:
+    """The operator graph of main's dataflow block: one node per call_tir, in binding order.
+
+    Other bindings (tuple construction, tuple indexing, aliases) are transparent: an edge runs
+    from each kernel to every kernel that reads its result through them.
+    """
+    block = main_block(mod)
+    node_of = {id(b): i for i, b in enumerate(block.node_bindings)}
+    producers: dict[relax.Var, frozenset[int]] = {}
+    params = list(block.func.params)
+    readers: list[set[int]] = [set() for _ in params]
+    nodes: list[OpNode] = []
+    edges: set[tuple[int, int]] = set()
+    outputs: set[int] = set()
+    flops_cache: dict[str, float] = {}
+    for binding in block.bindings:
+        used = list(relax.analysis.free_vars(binding.value))
+        deps = frozenset().union(*(producers.get(v, frozenset()) for v in used))
+        if id(binding) not in node_of:
+            producers[binding.var] = deps
+            if not isinstance(binding.var, relax.DataflowVar):
+                outputs.update(deps)
+            continue
+        nid = node_of[id(binding)]
+        edges.update((d, nid) for d in deps)
+        for pi, p in enumerate(params):
+            if any(v.same_as(p) for v in used):
+                readers[pi].add(nid)
+        producers[binding.var] = frozenset([nid])
+        if not isinstance(binding.var, relax.DataflowVar):
+            outputs.add(nid)
+        nodes.append(_make_node(mod, binding, nid, flops_cache))
+    _mark_block_outputs(block, producers, outputs)
+    return OpGraph(
+        tuple(nodes),
+        tuple(sorted(edges)),
+        frozenset(outputs),
+        tuple(tuple(sorted(r)) for r in readers),
+    )
+
+
+def _mark_block_outputs(
+    block: MainBlock, producers: dict[relax.Var, frozenset[int]], outputs: set[int]
+) -> None:
+    # results used after the dataflow block (later blocks, the return value) leave it too
+    later = list(block.func.body.blocks)[block.block_index + 1 :]
+    exprs = [b.value for blk in later for b in blk.bindings] + [block.func.body.body]
+    for expr in exprs:
+        for v in relax.analysis.free_vars(expr):
+            outputs.update(producers.get(v, frozenset()))
+
+
+def _make_node(
+    mod: tvm.IRModule, binding: relax.Binding, nid: int, flops_cache: dict[str, float]
+) -> OpNode:
+    call = binding.value
+    gv = call.args[0]
+    prim = mod[gv]
+    kind_value = int(prim.attrs["op_pattern"]) if "op_pattern" in prim.attrs else 8
+    kind = OpKind(kind_value) if kind_value in OpKind._value2member_map_ else OpKind.OPAQUE
+    var = binding.var
+    tuple_out = not hasattr(var.ty, "shape")
+    if tuple_out:
+        shape, dtype, out_bytes = (), "tuple", 0
+        for field in var.ty.fields:
+            fshape, fdtype = _static_shape(field, var.name)
+            out_bytes += _nbytes(fshape, fdtype)
+    else:
+        shape, dtype = _static_shape(var.ty, var.name)
+        out_bytes = _nbytes(shape, dtype)
+    args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    return OpNode(
+        id=nid,
+        name=var.name,
+        op=gv.name_hint,
+        kind=kind,
+        shape=shape,
+        dtype=dtype,
+        flops=_flops(mod, gv, flops_cache),
+        bytes_in=sum(_arg_bytes(a) for a in args),
+        bytes_out=out_bytes,
+        fusable=not tuple_out and kind not in (OpKind.OPAQUE, OpKind.TUPLE),
+    )
+
+
+def structural_key(mod: tvm.IRModule) -> str:
+    """Hex structural hash of the module: the workload identity used in logs."""
+    from tvm_ffi import structural_hash
+
+    h = structural_hash(mod) & 0xFFFFFFFFFFFFFFFF
+    return hashlib.sha256(str(h).encode()).hexdigest()[:16]
+
+
+def fuseops_plan(mod: tvm.IRModule, graph: OpGraph) -> FusionPlan:
+    """The grouping TVM's own FuseOps makes on `mod`, read back as a FusionPlan.
+
+    Each kernel call first gets a PrimFunc of its own (a copy tagged with its node id), so the
+    calls inside FuseOps' grouped functions can be told apart; grouping does not depend on
+    function identity, only on op patterns and the dataflow.
+    """
+    tagged = _tag_nodes(mod)
+    fused = relax.transform.FuseOps()(tagged)
+    groups: list[list[int]] = []
+    for binding in main_block(fused).bindings:
+        value = binding.value
+        if is_call_tir(binding):
+            groups.append([_node_tag(fused[value.args[0]])])
+        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            inner = fused[value.op]
+            if isinstance(inner, relax.Function):
+                groups.append([_node_tag(fused[b.value.args[0]]) for b in _calls_in(inner)])
+    found = {n for g in groups for n in g}
+    groups.extend([n] for n in range(len(graph)) if n not in found)
+    return FusionPlan.from_groups(groups, "tvm_default")
+
+
+_TAG = "autofuse_node"
+
+
+def _node_tag(prim: tvm.tirx.PrimFunc) -> int:
+    return int(prim.attrs[_TAG])
+
+
+def _calls_in(func: relax.Function) -> list[relax.Binding]:
+    return [b for blk in func.body.blocks for b in blk.bindings if is_call_tir(b)]
+
+
+def _tag_nodes(mod: tvm.IRModule) -> tvm.IRModule:
+    block = main_block(mod)
+    index = {b.value: i for i, b in enumerate(block.node_bindings)}
+
+    @relax.expr_functor.mutator
+    class Tagger(relax.PyExprMutator):  # type: ignore[misc]
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            new = super().visit_call_(call)
+            if call not in index:
+                return new
+            i = index[call]
+            prim = mod[call.args[0]].with_attr(_TAG, i)
+            gv = self.builder_.add_func(prim, f"{call.args[0].name_hint}_n{i}")
+            return relax.Call(new.op, [gv, *new.args[1:]], new.attrs, new.ty_args)
+
+    tagger = Tagger(mod)
+    new_main = tagger.visit_expr(mod["main"])
+    tagger.builder_.update_func(mod.get_global_var("main"), new_main)
+    return tagger.builder_.get()
