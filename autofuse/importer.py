@@ -1,0 +1,270 @@
+"""Import a model into Relax: an ONNX file, a TVMScript file, or an IRModule given directly.
+
+Real exported ONNX models often fail TVM's ONNX frontend because of shape-computing subgraphs,
+so the model is first simplified with onnxslim under the user's fixed input shapes, and the
+simplified model is checked against the original with onnxruntime before it is used.
+Problems the user can fix (missing file, not ONNX, unfixed dynamic dimension, unsupported
+operator) raise ModelError with a one-line message.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+
+DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
+
+
+class ModelError(ValueError):
+    """A problem with the user's model or its input description (one line, no traceback)."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @staticmethod
+    def parse(text: str) -> InputSpec:
+        """'name:1x3x224x224' or 'name:1x3x224x224:float16' (a scalar is 'name:')."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ModelError(f"bad --input {text!r}; expected name:1x3x224x224[:dtype]")
+        try:
+            shape = tuple(int(d) for d in parts[1].split("x")) if parts[1] else ()
+        except ValueError:
+            raise ModelError(f"bad shape in --input {text!r}; dimensions are integers") from None
+        if any(d <= 0 for d in shape):
+            raise ModelError(f"bad shape in --input {text!r}; dimensions must be positive")
+        dtype = parts[2] if len(parts) == 3 else "float32"
+        if dtype not in DTYPES:
+            raise ModelError(f"unknown dtype {dtype!r} in --input {text!r}; use one of {sorted(DTYPES)}")
+        return InputSpec(parts[0], shape, dtype)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{'x'.join(map(str, self.shape))}:{self.dtype}"
+
+
+@dataclass
+class LoadedModel:
+    """A model as imported, before normalisation; `onnx_model` is kept for reference runs."""
+
+    mod: tvm.IRModule
+    inputs: tuple[InputSpec, ...]
+    source: str
+    onnx_model: onnx.ModelProto | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def random_inputs(specs: Sequence[InputSpec], seed: int = 0) -> list[np.ndarray]:
+    """Deterministic test inputs. Integer inputs stay in [0, 2), valid as ids and masks."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in specs:
+        if s.dtype.startswith("float"):
+            out.append(rng.standard_normal(s.shape).astype(s.dtype))
+        elif s.dtype == "bool":
+            out.append(rng.integers(0, 2, s.shape).astype(bool))
+        else:
+            out.append(rng.integers(0, 2, s.shape).astype(s.dtype))
+    return out
+
+
+def load_model(
+    source: str | Path | tvm.IRModule,
+    inputs: Sequence[InputSpec] = (),
+    simplify: bool = True,
+) -> LoadedModel:
+    """Import `source`; `inputs` fix (or override) input shapes and dtypes by name."""
+    if isinstance(source, tvm.IRModule):
+        return LoadedModel(source, _module_inputs(source, inputs), "<IRModule>")
+    path = Path(source)
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    if path.suffix == ".py":
+        return _load_tvmscript(path, inputs)
+    return _load_onnx(path, inputs, simplify)
+
+
+def _load_tvmscript(path: Path, inputs: Sequence[InputSpec]) -> LoadedModel:
+    try:
+        namespace = runpy.run_path(str(path))
+    except Exception as err:
+        raise ModelError(f"{path}: TVMScript failed to load: {_first_line(err)}") from None
+    mods = [v for v in namespace.values() if isinstance(v, tvm.IRModule)]
+    if not mods:
+        raise ModelError(f"{path}: defines no IRModule (decorate a class with @I.ir_module)")
+    mod = namespace.get("Module", mods[0])
+    return LoadedModel(mod, _module_inputs(mod, inputs), str(path))
+
+
+def _module_inputs(mod: tvm.IRModule, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
+    from tvm import relax
+
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    if "main" not in names:
+        raise ModelError("the module has no 'main' Relax function")
+    func = mod["main"]
+    if not isinstance(func, relax.Function):
+        raise ModelError("'main' is not a Relax function")
+    specs = []
+    for p in func.params:
+        ty = p.ty
+        values = getattr(getattr(ty, "shape", None), "values", None)
+        try:
+            shape = tuple(int(v) for v in values) if values is not None else None
+        except TypeError:
+            shape = None
+        if shape is None:
+            raise ModelError(f"input {p.name!r} has a symbolic shape ({ty}); give a static module")
+        specs.append(InputSpec(p.name, shape, str(ty.dtype)))
+    if given:
+        by_name = {s.name: s for s in given}
+        if set(by_name) - {s.name for s in specs}:
+            raise ModelError(f"unknown input(s) {sorted(set(by_name) - {s.name for s in specs})}")
+        mismatched = [s for s in specs if s.name in by_name and by_name[s.name] != s]
+        if mismatched:
+            raise ModelError(f"a Relax module's shapes are fixed; {mismatched[0].name} is {mismatched[0]}")
+    return tuple(specs)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[-1] if text else type(err).__name__
+
+
+def _onnx_dtype(elem_type: int) -> str:
+    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
+    inits = {i.name for i in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in inits]
+    by_name = {s.name: s for s in given}
+    unknown = set(by_name) - {i.name for i in graph_inputs}
+    if unknown:
+        known = [i.name for i in graph_inputs]
+        raise ModelError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {known}")
+    specs = []
+    for inp in graph_inputs:
+        ttype = inp.type.tensor_type
+        dtype = _onnx_dtype(ttype.elem_type)
+        if inp.name in by_name:
+            spec = by_name[inp.name]
+            if len(spec.shape) != len(ttype.shape.dim):
+                raise ModelError(
+                    f"input {inp.name!r} has rank {len(ttype.shape.dim)}, --input gives {spec}"
+                )
+            specs.append(spec if spec.dtype == dtype else InputSpec(spec.name, spec.shape, dtype))
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in ttype.shape.dim]
+        dynamic = [d for d in dims if not isinstance(d, int) or d <= 0]
+        if dynamic:
+            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in dims)
+            raise ModelError(
+                f"input {inp.name!r} has dynamic dimension(s) {dynamic}; "
+                f"fix them with --input {inp.name}:{example}"
+            )
+        specs.append(InputSpec(inp.name, tuple(int(d) for d in dims), dtype))
+    return tuple(specs)
+
+
+def unsupported_ops(model: onnx.ModelProto) -> list[str]:
+    """Nodes TVM's ONNX frontend has no converter for, as 'name (OpType, domain opset N)'."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    supported = set(_get_convert_map()) | {"Constant", "If"}
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    out = []
+    for node in model.graph.node:
+        if node.op_type not in supported or node.domain not in ("", "ai.onnx"):
+            domain = node.domain or "ai.onnx"
+            out.append(f"{node.name or '<unnamed>'} ({node.op_type}, {domain} opset {opsets.get(domain, '?')})")
+    return out
+
+
+def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> LoadedModel:
+    try:
+        model = onnx.load(str(path))
+        if not model.graph.node:
+            raise ValueError("graph has no nodes")
+    except Exception as err:
+        raise ModelError(f"{path} is not a valid ONNX model: {_first_line(err)}") from None
+    specs = _onnx_inputs(model, given)
+    notes: list[str] = []
+    if simplify:
+        model = _simplify(model, specs, notes)
+    missing = unsupported_ops(model)
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelError(f"unsupported ONNX operator(s): {'; '.join(missing[:5])}{more}")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(
+            model,
+            shape_dict={s.name: list(s.shape) for s in specs},
+            dtype_dict={s.name: s.dtype for s in specs},
+            keep_params_in_input=False,
+        )
+    except Exception as err:
+        raise ModelError(f"{path}: TVM's ONNX frontend failed: {_first_line(err)}") from None
+    return LoadedModel(mod, specs, str(path), model, notes)
+
+
+def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[str]) -> onnx.ModelProto:
+    import onnxslim
+
+    shapes = [f"{s.name}:{','.join(map(str, s.shape))}" for s in specs]
+    try:
+        slim = onnxslim.slim(model, input_shapes=shapes, model_check=False)
+    except Exception as err:
+        notes.append(f"onnxslim failed ({_first_line(err)}); using the model as exported")
+        return model
+    feeds = random_inputs(specs, seed=0)
+    try:
+        want = run_onnxruntime(model, specs, feeds)
+        got = run_onnxruntime(slim, specs, feeds)
+    except Exception as err:
+        notes.append(f"onnxruntime could not check the simplified model ({_first_line(err)})")
+        return slim
+    diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0 for a, b in zip(want, got))
+    ok = len(want) == len(got) and all(
+        np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(want, got)
+    )
+    if not ok:
+        notes.append(f"onnxslim changed the outputs (max diff {diff:.2e}); using the model as exported")
+        return model
+    notes.append(
+        f"onnxslim: {len(model.graph.node)} -> {len(slim.graph.node)} nodes, "
+        f"onnxruntime max abs diff {diff:.1e}"
+    )
+    return slim
+
+
+def run_onnxruntime(
+    model: onnx.ModelProto,
+    specs: Sequence[InputSpec],
+    feeds: Sequence[np.ndarray],
+    threads: int = 0,
+) -> list[np.ndarray]:
+    """Run `model` with onnxruntime (CPU provider, all graph optimisations)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+    return list(sess.run(None, {s.name: x for s, x in zip(specs, feeds)}))
