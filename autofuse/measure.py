@@ -1,0 +1,210 @@
+"""Measure fusion plans in an isolated worker process; every failure comes back as data.
+
+`Measurement.status` classifies the outcome: ok, built (build-only targets such as CUDA on a
+machine without a GPU), illegal, build_error, timeout, runtime_error, wrong_result. A worker that
+dies or hangs is killed and replaced; the tuning process itself never runs TVM code that
+compiles or executes a plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from autofuse.build import MeasureConfig
+from autofuse.plan import FusionLimits
+from autofuse.plan import FusionPlan
+from autofuse.plan import IllegalPlanError
+from autofuse.plan import validate
+from autofuse.workload import Workload
+
+STATUSES = ("ok", "built", "illegal", "build_error", "timeout", "runtime_error", "wrong_result")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Outcome of measuring one plan: latency samples, or the failure and its class."""
+
+    plan_key: str
+    status: str
+    latencies_s: tuple[float, ...] = ()
+    compile_s: float | None = None
+    max_abs_err: float | None = None
+    error: str | None = None
+    rule: str | None = None  # the broken legality rule, for status 'illegal'
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.latencies_s) if self.latencies_s else None
+
+    @property
+    def spread(self) -> float | None:
+        """Interquartile range over the median: the run-to-run noise of this measurement."""
+        if len(self.latencies_s) < 2:
+            return None
+        q = statistics.quantiles(self.latencies_s, n=4, method="inclusive")
+        return (q[2] - q[0]) / statistics.median(self.latencies_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["latencies_s"] = list(self.latencies_s)
+        out["median_s"] = self.median_s
+        out["spread"] = self.spread
+        return out
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Measurement:
+        known = {f for f in Measurement.__dataclass_fields__}
+        kept = {k: v for k, v in data.items() if k in known}
+        kept["latencies_s"] = tuple(kept.get("latencies_s") or ())
+        return Measurement(**kept)
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen[bytes]
+    conn: Connection
+
+
+@dataclass
+class IsolatedMeasurer:
+    """Builds, checks and times plans of one workload in a worker process.
+
+    Args:
+        workload: the normalised model.
+        target: a target spec ('llvm', 'cuda', ...), see build.make_target.
+        config: timing protocol and per-plan timeout.
+        limits: legality limits checked before anything is built.
+        build_only: compile but do not run (CUDA without a GPU).
+        threads: TVM worker threads (0: TVM's default, all cores).
+    """
+
+    workload: Workload
+    target: str = "llvm"
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+    limits: FusionLimits = field(default_factory=FusionLimits)
+    build_only: bool = False
+    threads: int = 0
+    _worker: _Worker | None = None
+    _module_path: str | None = None
+
+    def measure(self, plan: FusionPlan) -> Measurement:
+        start = time.perf_counter()
+        try:
+            validate(self.workload.graph, plan, self.limits)
+        except IllegalPlanError as err:
+            return Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
+        request = {
+            "groups": [list(g) for g in plan.groups],
+            "target": self.target,
+            "config": asdict(self.config),
+            "build_only": self.build_only,
+        }
+        result = self._exchange(request)
+        result.pop("trace", None)
+        return Measurement(
+            plan.key,
+            result.pop("status"),
+            latencies_s=tuple(result.pop("latencies_s", ())),
+            wall_s=time.perf_counter() - start,
+            **result,
+        )
+
+    def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
+        worker = self._ensure_worker()
+        if worker is None:
+            return {"status": "runtime_error", "error": "measurement worker failed to start"}
+        worker.conn.send(request)
+        deadline = time.monotonic() + self.config.timeout_s
+        stage = "build"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not worker.conn.poll(left):
+                self._kill()
+                return {"status": "timeout", "error": f"no result after {self.config.timeout_s:.0f}s ({stage})"}
+            try:
+                kind, payload = worker.conn.recv()
+            except (EOFError, OSError):
+                code = worker.process.wait(5)
+                self._kill()
+                status = "build_error" if stage == "build" else "runtime_error"
+                return {"status": status, "error": f"worker process died during {stage} (exit code {code})"}
+            if kind == "stage":
+                stage = payload
+            elif kind == "result":
+                return dict(payload)
+
+    def _ensure_worker(self) -> _Worker | None:
+        if self._worker is not None and self._worker.process.poll() is None:
+            return self._worker
+        self._kill()
+        if self._module_path is None:
+            fd, self._module_path = tempfile.mkstemp(prefix="autofuse-", suffix=".json")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.workload.to_json())
+        # a fresh interpreter (not fork, not multiprocessing's spawn, which re-imports the
+        # caller's __main__), talking over a socket pair that TVM's own prints cannot corrupt
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        if self.threads:
+            env["TVM_NUM_THREADS"] = str(self.threads)
+        inputs = json.dumps([asdict(s) for s in self.workload.inputs])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autofuse.worker", str(theirs.fileno()), self._module_path, inputs],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        parent = Connection(ours.detach())
+        try:
+            ready = parent.poll(120) and parent.recv()[0] == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            proc.kill()
+            parent.close()
+            return None
+        self._worker = _Worker(proc, parent)
+        return self._worker
+
+    def _kill(self) -> None:
+        if self._worker is not None:
+            self._worker.process.kill()
+            self._worker.process.wait(5)
+            self._worker.conn.close()
+            self._worker = None
+
+    def close(self) -> None:
+        if self._worker is not None and self._worker.process.poll() is None:
+            try:
+                self._worker.conn.send(None)
+                self._worker.process.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        if self._module_path and os.path.exists(self._module_path):
+            os.unlink(self._module_path)
+            self._module_path = None
+
+    def __enter__(self) -> IsolatedMeasurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,137 @@
+"""The measurement worker: runs in its own process, builds and times plans for one workload.
+
+TVM can abort the whole process on an internal error, so nothing that compiles or runs a plan
+happens in the tuning process. The worker reports the stage it enters before each step; when
+it dies, the parent knows whether the build or the run killed it.
+
+Protocol over a multiprocessing Connection: the parent sends a request dict; the worker answers
+("stage", name) messages, then ("result", dict).
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    """(rtol, atol) for comparing a fused plan's output with the unfused reference."""
+    if dtype in ("float16", "bfloat16"):
+        return 1e-2, 1e-3
+    if dtype.startswith("float"):
+        return 1e-4, 1e-5
+    return 0.0, 0.0
+
+
+def compare(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[bool, float]:
+    if len(got) != len(want):
+        return False, float("inf")
+    ok, worst = True, 0.0
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            return False, float("inf")
+        rtol, atol = tolerance(str(w.dtype))
+        diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
+        ok = ok and bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    return ok, worst
+
+
+class _Session:
+    def __init__(self, module_json: str, inputs: list[dict[str, Any]]) -> None:
+        import tvm
+
+        from autofuse import tvm_bridge
+        from autofuse.importer import InputSpec
+        from autofuse.importer import random_inputs
+
+        self.mod = tvm.ir.load_json(module_json)
+        self.graph = tvm_bridge.extract_graph(self.mod)
+        self.specs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in inputs]
+        self.feeds = random_inputs(self.specs, seed=0)
+        self.reference: dict[str, list[np.ndarray]] = {}
+
+    def compile(self, groups: list[list[int]], target_spec: str) -> tuple[Any, Any]:
+        from autofuse import apply
+        from autofuse import build
+        from autofuse.plan import FusionLimits
+        from autofuse.plan import FusionPlan
+
+        target = build.make_target(target_spec)
+        plan = FusionPlan.from_groups(groups)
+        # legality was checked by the parent under the user's limits; here only build it
+        fused = apply.apply_plan(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
+        return build.build(fused, target), target
+
+    def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
+        from autofuse import build
+
+        if target_spec not in self.reference:
+            ex, target = self.compile([[n] for n in range(len(self.graph))], target_spec)
+            self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
+        return self.reference[target_spec]
+
+
+def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
+    from autofuse import build
+
+    cfg = build.MeasureConfig(**req["config"])
+    conn.send(("stage", "build"))
+    t0 = time.perf_counter()
+    try:
+        ex, target = session.compile(req["groups"], req["target"])
+    except Exception as err:
+        return {"status": "build_error", "error": _short(err)}
+    out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
+    if req.get("build_only"):
+        out["status"] = "built"
+        return out
+    conn.send(("stage", "run"))
+    dev = build.device_for(target)
+    try:
+        want = session.ref_outputs(req["target"])
+        got = build.run(ex, dev, session.feeds)
+        ok, worst = compare(got, want)
+        out["max_abs_err"] = worst
+        if not ok:
+            out.update(status="wrong_result", error=f"max abs diff {worst:.3g} vs unfused")
+            return out
+        out["latencies_s"] = build.time_latency(ex, dev, session.feeds, cfg)
+    except Exception as err:
+        out.update(status="runtime_error", error=_short(err))
+    return out
+
+
+def _short(err: BaseException) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    msg = lines[-1] if lines else type(err).__name__
+    return f"{type(err).__name__}: {msg}"[:500]
+
+
+def serve(conn: Connection, module_json_path: str, inputs: list[dict[str, Any]]) -> None:
+    """Load the workload once, then answer requests until told to stop."""
+    with open(module_json_path) as fh:
+        session = _Session(fh.read(), inputs)
+    conn.send(("ready", None))
+    while True:
+        try:
+            req = conn.recv()
+        except EOFError:
+            return
+        if req is None:
+            return
+        try:
+            result = handle(session, req, conn)
+        except Exception as err:  # never let one plan take the worker down
+            result = {"status": "runtime_error", "error": _short(err)}
+        conn.send(("result", result))
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    serve(Connection(int(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3]))

@@ -1,0 +1,61 @@
+"""A workload: one normalised model with its operator graph, inputs and identity key.
+
+This is the unit tuning works on. The key is the structural hash of the normalised module plus
+the input shapes and dtypes, so a plan found for one workload is never applied to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+
+from autofuse import tvm_bridge
+from autofuse.graph import OpGraph
+from autofuse.importer import InputSpec
+from autofuse.importer import LoadedModel
+from autofuse.importer import load_model
+from autofuse.plan import FusionPlan
+
+
+@dataclass
+class Workload:
+    name: str
+    mod: tvm.IRModule  # normalised (legalized) Relax
+    graph: OpGraph
+    inputs: tuple[InputSpec, ...]
+    key: str
+    loaded: LoadedModel
+
+    def tvm_default(self) -> FusionPlan:
+        """TVM FuseOps' own plan for this workload."""
+        return tvm_bridge.fuseops_plan(self.mod, self.graph)
+
+    def unfused(self) -> FusionPlan:
+        return FusionPlan.unfused(self.graph)
+
+    def to_json(self) -> str:
+        return tvm.ir.save_json(self.mod)
+
+
+def workload_key(mod: tvm.IRModule, inputs: Sequence[InputSpec]) -> str:
+    text = tvm_bridge.structural_key(mod) + "|" + ";".join(map(str, inputs))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prepare(
+    source: str | Path | tvm.IRModule,
+    inputs: Sequence[InputSpec] = (),
+    name: str | None = None,
+    simplify: bool = True,
+) -> Workload:
+    """Import, normalise and analyse a model: everything tuning needs, computed once."""
+    loaded = load_model(source, inputs, simplify=simplify)
+    mod = tvm_bridge.normalize(loaded.mod)
+    graph = tvm_bridge.extract_graph(mod)
+    if name is None:
+        name = Path(str(source)).stem if not isinstance(source, tvm.IRModule) else "module"
+    return Workload(name, mod, graph, loaded.inputs, workload_key(mod, loaded.inputs), loaded)
