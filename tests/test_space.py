@@ -1,0 +1,77 @@
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from autofuse.plan import FusionLimits
+from autofuse.plan import FusionPlan
+from autofuse.plan import validate
+from autofuse.space import SearchSpace
+from autofuse.space import load_limits
+
+
+def test_decisions_of_small(small):
+    space = SearchSpace(small.graph)
+    kinds = {d.id: d.kind for d in space.decisions}
+    assert kinds["r:2-3"] == "reduction"  # sum -> divide
+    assert kinds["v:0-1"] == "vertical"  # matmul -> relu epilogue
+    assert kinds["h:4-6"] == "horizontal"  # exp(x) and x*x read the same input
+    assert len(space.by_id) == len(space.decisions)
+
+
+def test_all_kinds_present_on_transformer(transformer):
+    counts = Counter(d.kind for d in SearchSpace(transformer.graph).decisions)
+    assert counts["vertical"] > 0 and counts["horizontal"] > 0 and counts["reduction"] > 0
+
+
+def test_kinds_can_be_disabled(transformer):
+    _, limits = load_limits("vertical_only")
+    space = SearchSpace(transformer.graph, limits)
+    assert {d.kind for d in space.decisions} == {"vertical"}
+
+
+def test_tvm_default_round_trips(small, conv_block, transformer, mlp):
+    for w in (small, conv_block, transformer, mlp):
+        space = SearchSpace(w.graph)
+        plan = w.tvm_default()
+        assert space.decode(space.encode(plan)) == plan
+        unfused = w.unfused()
+        assert space.decode(space.encode(unfused)) == unfused
+
+
+def test_plans_tvm_never_makes(small, transformer):
+    space = SearchSpace(small.graph)
+    red = space.decode({"r:2-3": True, "v:1-2": True, "v:1-3": True})
+    assert (1, 2, 3) in red.groups  # a reduction fused into its consumer
+    space = SearchSpace(transformer.graph)
+    two_anchors = space.plan_of_kinds({"vertical", "reduction"})
+    g = transformer.graph
+    assert any(sum(g.nodes[n].is_anchor for n in grp) == 2 for grp in two_anchors.groups)
+
+
+def test_decode_respects_limits(transformer):
+    limits = FusionLimits(max_ops_per_group=3, max_anchors_per_group=1)
+    space = SearchSpace(transformer.graph, limits)
+    plan = space.decode({d.id: True for d in space.decisions})
+    validate(transformer.graph, plan, limits)
+    assert max(len(g) for g in plan.groups) <= 3
+
+
+def test_space_files_load():
+    for name in ("default", "vertical_only", "gpu"):
+        label, limits = load_limits(name)
+        assert label == name and limits.kinds
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_parameter_vector_decodes_to_a_legal_plan(transformer, data):
+    space = SearchSpace(transformer.graph)
+    params = {d.id: data.draw(st.booleans()) for d in space.decisions}
+    plan = space.decode(params)
+    validate(transformer.graph, plan, space.limits)
+    # decoding is a pure function of the parameters
+    assert space.decode(params) == plan
+    # every taken decision lies inside one group, unless a rule forbade it
+    assert isinstance(plan, FusionPlan)
