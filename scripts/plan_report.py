@@ -1,0 +1,95 @@
+"""Print a model's op graph summary and measure a few fusion plans side by side.
+
+Plans: unfused, tvm_default (TVM FuseOps' grouping), and TVM's plan plus horizontal fusions,
+plus reduction->broadcast fusions, and plus both. Every plan is built and timed in the isolated
+worker and checked against the unfused reference.
+
+    python scripts/plan_report.py [MODEL] [--input name:1x3x224x224] [--target llvm]
+
+MODEL is an ONNX or TVMScript file, or the name of a built-in model (default:
+transformer_block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from autofuse import models
+from autofuse.build import MeasureConfig
+from autofuse.importer import InputSpec
+from autofuse.measure import IsolatedMeasurer
+from autofuse.metrics import plan_metrics
+from autofuse.space import SearchSpace
+from autofuse.workload import prepare
+
+
+def candidate_plans(space, tvm_default):
+    base = space.encode(tvm_default)
+
+    def plus(kinds, name):
+        params = {**base, **{d.id: True for d in space.decisions if d.kind in kinds}}
+        return space.decode(params, name)
+
+    return [
+        space.decode({}, "unfused"),
+        tvm_default,
+        plus({"horizontal"}, "tvm+horizontal"),
+        plus({"reduction"}, "tvm+reduction"),
+        plus({"horizontal", "reduction", "vertical"}, "all_fused"),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default=models.DEFAULT_MODEL)
+    ap.add_argument("--input", action="append", default=[], type=InputSpec.parse)
+    ap.add_argument("--target", default="llvm")
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    console = Console(width=120)
+    source = Path(args.model)
+    if not source.exists() and args.model in models.BUILTIN:
+        source = models.write_builtin(args.model, tempfile.mkdtemp(prefix="autofuse-"))
+    w = prepare(source, args.input)
+    for note in w.loaded.notes:
+        console.print(f"[dim]{note}[/dim]")
+    summary = w.graph.summary()
+    console.print(f"[bold]{w.name}[/bold] key={w.key} inputs={', '.join(map(str, w.inputs))}")
+    console.print(
+        f"op graph: {summary['nodes']} kernels, {summary['edges']} edges, "
+        f"{summary['gflops']:.4f} GFLOP, kinds {summary['kinds']}"
+    )
+    space = SearchSpace(w.graph)
+    kinds = {}
+    for d in space.decisions:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    console.print(f"plan space: {len(space)} decisions {kinds}")
+    table = Table(title=f"plans on {args.target} (median of {args.repeat} samples)")
+    for col in ("plan", "kernels", "fusion", "bytes kept", "compile s", "latency us", "±IQR/2", "status"):
+        table.add_column(col, justify="left" if col in ("plan", "status") else "right")
+    build_only = args.target.startswith("cuda")
+    config = MeasureConfig(repeat=args.repeat)
+    with IsolatedMeasurer(w, target=args.target, config=config, build_only=build_only) as m:
+        for plan in candidate_plans(space, w.tvm_default()):
+            r = m.measure(plan)
+            pm = plan_metrics(w.graph, plan)
+            table.add_row(
+                plan.name,
+                str(pm.kernels),
+                f"{pm.fusion_ratio:.2f}",
+                f"{pm.bytes_saved / 1024:.1f} KiB",
+                f"{r.compile_s:.2f}" if r.compile_s else "-",
+                f"{r.median_s * 1e6:.1f}" if r.median_s else "-",
+                f"±{r.spread * 50:.1f}%" if r.spread is not None else "-",
+                r.status if r.status in ("ok", "built") else f"{r.status}: {r.error}",
+            )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+
+from autofuse.importer import InputSpec
+from autofuse.importer import ModelError
+from autofuse.importer import load_model
+from autofuse.workload import prepare
+
+
+def dynamic_model(path, op="Relu", domain=""):
+    node = helper.make_node(op, ["x"], ["y"], name="the_node", domain=domain)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
+    onnx.save(model, path)
+    return path
+
+
+def test_input_spec_parse():
+    assert InputSpec.parse("x:1x3x224x224") == InputSpec("x", (1, 3, 224, 224), "float32")
+    assert InputSpec.parse("ids:1x128:int64").dtype == "int64"
+    for bad in ("x", "x:1xa", "x:0x3", "x:1:complex7", ":1x2"):
+        with pytest.raises(ModelError):
+            InputSpec.parse(bad)
+
+
+def test_missing_and_not_onnx(tmp_path):
+    with pytest.raises(ModelError, match="not found"):
+        load_model(tmp_path / "nope.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a protobuf \x00\x01\x02" * 10)
+    with pytest.raises(ModelError, match="not a valid ONNX model"):
+        load_model(junk)
+
+
+def test_dynamic_dims_must_be_fixed(tmp_path):
+    path = dynamic_model(tmp_path / "dyn.onnx")
+    with pytest.raises(ModelError, match=r"dynamic dimension.*--input x:1x4"):
+        load_model(path)
+    loaded = load_model(path, [InputSpec.parse("x:3x4")])
+    assert loaded.inputs == (InputSpec("x", (3, 4), "float32"),)
+    with pytest.raises(ModelError, match="unknown input"):
+        load_model(path, [InputSpec.parse("y:3x4")])
+    with pytest.raises(ModelError, match="rank"):
+        load_model(path, [InputSpec.parse("x:3x4x5")])
+
+
+def test_unsupported_operator_named_up_front(tmp_path):
+    path = dynamic_model(tmp_path / "custom.onnx", op="FancyOp", domain="com.example")
+    with pytest.raises(ModelError) as info:
+        load_model(path, [InputSpec.parse("x:2x4")], simplify=False)
+    msg = str(info.value)
+    assert "unsupported ONNX operator" in msg and "the_node (FancyOp, com.example opset 1)" in msg
+    assert "\n" not in msg
+
+
+def test_onnxslim_checked_against_onnxruntime(model_dir):
+    loaded = load_model(model_dir / "transformer_block.onnx")
+    assert any("onnxslim" in n and "max abs diff" in n for n in loaded.notes)
+
+
+
+def test_irmodule_given_directly(small):
+    w = prepare(small.loaded.mod)
+    assert w.key == small.key and w.graph == small.graph
+    assert [s.name for s in w.inputs] == ["x", "w"]
+
+
+def test_workload_key_depends_on_shapes(tmp_path):
+    path = dynamic_model(tmp_path / "dyn.onnx")
+    a = prepare(path, [InputSpec.parse("x:3x4")])
+    b = prepare(path, [InputSpec.parse("x:5x4")])
+    assert a.key != b.key
+    assert prepare(path, [InputSpec.parse("x:3x4")]).key == a.key
+    assert np.prod(a.inputs[0].shape) == 12
+
+
+def test_tvmscript_errors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\n")
+    with pytest.raises(ModelError, match="defines no IRModule"):
+        load_model(bad)
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ModelError, match="boom"):
+        load_model(broken)

@@ -1,0 +1,123 @@
+"""Isolated measurement: every outcome class comes back as data, the worker survives."""
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from autofuse import worker
+from autofuse.build import MeasureConfig
+from autofuse.measure import IsolatedMeasurer
+from autofuse.measure import Measurement
+from autofuse.metrics import internal_nodes
+from autofuse.metrics import plan_metrics
+from autofuse.plan import FusionPlan
+
+FAST = MeasureConfig(number=2, repeat=5, min_repeat_ms=0, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def measurer(mlp):
+    with IsolatedMeasurer(mlp, config=FAST) as m:
+        yield m
+
+
+def test_ok_measurement_has_latency_and_noise(measurer, mlp):
+    r = measurer.measure(mlp.tvm_default())
+    assert r.status == "ok", r.error
+    assert len(r.latencies_s) == 5 and r.median_s > 0 and r.spread is not None
+    assert r.compile_s > 0 and r.max_abs_err < 1e-5
+    assert Measurement.from_dict(r.to_dict()) == r
+
+
+def test_illegal_plan_is_not_built(measurer, small):
+    m = IsolatedMeasurer(small)
+    plan = FusionPlan.from_groups([[0, 2], [1], [3], [4], [5], [6], [7]])
+    r = m.measure(plan)
+    assert r.status == "illegal" and r.rule == "convexity" and m._worker is None
+
+
+def test_timeout_kills_and_replaces_worker(mlp):
+    with IsolatedMeasurer(mlp, config=MeasureConfig(timeout_s=0.01)) as m:
+        r = m.measure(mlp.unfused())
+        assert r.status == "timeout" and "no result" in r.error
+        m.config = FAST
+        assert m.measure(mlp.unfused()).status == "ok"
+
+
+def test_worker_death_is_a_build_error(measurer, mlp):
+    assert measurer.measure(mlp.unfused()).ok  # worker is up
+    pid = measurer._worker.process.pid
+    os.kill(pid, signal.SIGSTOP)  # frozen: it cannot answer, then it dies mid-request
+    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    r = measurer.measure(mlp.tvm_default())
+    assert r.status == "build_error" and "died during build" in r.error
+    assert measurer.measure(mlp.tvm_default()).ok  # a fresh worker took over
+
+
+def test_build_error_classified(mlp):
+    with IsolatedMeasurer(mlp, target='{"kind": "no_such_target"}', config=FAST) as m:
+        r = m.measure(mlp.unfused())
+    assert r.status == "build_error" and "target" in r.error
+
+
+class _Conn:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def _session(w):
+    from dataclasses import asdict
+
+    return worker._Session(w.to_json(), [asdict(s) for s in w.inputs])
+
+
+def _request(plan):
+    from dataclasses import asdict
+
+    return {"groups": [list(g) for g in plan.groups], "target": "llvm", "config": asdict(FAST)}
+
+
+def test_wrong_result_and_runtime_error_classified(mlp):
+    session = _session(mlp)
+    good = session.ref_outputs("llvm")
+    session.reference["llvm"] = [g + 1.0 for g in good]
+    conn = _Conn()
+    out = worker.handle(session, _request(mlp.tvm_default()), conn)
+    assert out["status"] == "wrong_result" and out["max_abs_err"] == pytest.approx(1.0, rel=1e-3)
+    assert conn.sent == [("stage", "build"), ("stage", "run")]
+    session.reference["llvm"] = good
+    session.feeds = [np.zeros((3, 3), dtype="float32")]  # wrong input shape
+    out = worker.handle(session, _request(mlp.tvm_default()), _Conn())
+    assert out["status"] == "runtime_error"
+
+
+def test_tolerances_are_dtype_aware():
+    assert worker.tolerance("float16")[0] > worker.tolerance("float32")[0]
+    assert worker.tolerance("int64") == (0.0, 0.0)
+    a = [np.array([1.0, 2.0], dtype="float32")]
+    assert worker.compare(a, [a[0] + 1e-7])[0]
+    assert not worker.compare(a, [a[0] + 1e-2])[0]
+    assert not worker.compare([np.array([1, 2])], [np.array([1, 3])])[0]
+
+
+def test_cuda_build_only(transformer):
+    with IsolatedMeasurer(transformer, target="cuda", build_only=True, config=FAST) as m:
+        r = m.measure(transformer.tvm_default())
+    assert r.status == "built" and r.compile_s > 0 and not r.latencies_s
+
+
+def test_plan_metrics(small):
+    g = small.graph
+    plan = FusionPlan.from_groups([[0, 1, 2, 3], [4], [5], [6], [7]])
+    # relu (1) feeds sum and divide, sum feeds divide, matmul feeds relu: all inside the group
+    assert internal_nodes(g, plan) == [0, 1, 2]
+    m = plan_metrics(g, plan)
+    assert m.kernels == 5 and m.fusion_ratio == pytest.approx(4 / 8)
+    assert m.bytes_saved == 128 + 128 + 16
+    assert plan_metrics(g, small.unfused()).bytes_saved == 0
