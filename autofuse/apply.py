@@ -25,23 +25,42 @@ def apply_plan(
     mod: tvm.IRModule, graph: OpGraph, plan: FusionPlan, limits: FusionLimits | None = None
 ) -> tvm.IRModule:
     """Validate `plan` against `graph`, group the bindings and fuse each group's kernels."""
+    return fuse(mod, graph, plan, limits)[0]
+
+
+def fuse(
+    mod: tvm.IRModule, graph: OpGraph, plan: FusionPlan, limits: FusionLimits | None = None
+) -> tuple[tvm.IRModule, list[str]]:
+    """apply_plan, also returning the name of each group's PrimFunc (in `plan.groups` order)."""
     validate(graph, plan, limits)
-    grouped = group_bindings(mod, plan)
-    # FuseTIR merges each Primitive function into one PrimFunc; DCE drops the unused originals
+    grouped, names = group_bindings(mod, plan)
+    kernels = [names.get(g) or graph.nodes[g[0]].op for g in plan.groups]
+    # FuseTIR merges each Primitive function into one PrimFunc of the same name; DCE drops the
+    # unused originals
     seq = tvm.transform.Sequential(
         [relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()]
     )
-    return seq(grouped)
+    return seq(grouped), kernels
 
 
-def group_bindings(mod: tvm.IRModule, plan: FusionPlan) -> tvm.IRModule:
-    """Outline every group of two or more kernels into a Primitive function called from main."""
+def group_bindings(
+    mod: tvm.IRModule, plan: FusionPlan
+) -> tuple[tvm.IRModule, dict[tuple[int, ...], str]]:
+    """Outline every group of two or more kernels into a Primitive function called from main.
+
+    Returns the grouped module and the name given to each multi-op group's function.
+    """
     block = main_block(mod)
     order = _unit_order(block, plan)
     grouper = _Grouper(mod, block, order)
     new_main = grouper.visit_expr(mod["main"])
     grouper.builder_.update_func(mod.get_global_var("main"), new_main)
-    return grouper.builder_.get()
+    node_ids = {id(b): i for i, b in enumerate(block.node_bindings)}
+    names = {
+        tuple(sorted(node_ids[id(b)] for b in unit)): name
+        for unit, name in grouper.group_names
+    }
+    return grouper.builder_.get(), names
 
 
 def _unit_order(block: MainBlock, plan: FusionPlan) -> list[list[relax.Binding]]:
@@ -103,6 +122,7 @@ class _Grouper(relax.PyExprMutator):  # type: ignore[misc]
     ) -> None:
         super().__init__(mod)
         self.block, self.order = block, order
+        self.group_names: list[tuple[list[relax.Binding], str]] = []
         later = list(block.func.body.blocks)[block.block_index + 1 :]
         self.used_later = {
             v
@@ -174,6 +194,7 @@ class _Grouper(relax.PyExprMutator):  # type: ignore[misc]
                 ret = fbb.emit_output(result[0] if len(result) == 1 else relax.Tuple(result))
             fbb.emit_func_output(ret)
         gv = self.builder_.add_func(fbb.get()[name], name)
+        self.group_names.append((members, gv.name_hint))
         call = relax.Call(gv, [self.visit_expr(a) for a in ext_args])
         if len(outs) == 1:
             self._bind(outs[0], call)

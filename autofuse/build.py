@@ -126,3 +126,38 @@ def time_latency(
         "main", dev, number=config.number, repeat=config.repeat, min_repeat_ms=config.min_repeat_ms
     )
     return [float(r) for r in timer(*args).results]
+
+
+def kernel_hash(mod: tvm.IRModule, name: str) -> str:
+    """Structural hash of one PrimFunc, independent of its name: groups recur across plans."""
+    from tvm_ffi import structural_hash
+
+    prim = mod[name].with_attr("global_symbol", "kernel")
+    return f"{structural_hash(prim) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def time_kernels(
+    mod: tvm.IRModule, names: Sequence[str], target: tvm.target.Target, config: MeasureConfig
+) -> dict[str, float]:
+    """Median latency of each named PrimFunc run alone on random buffers (one compile for all).
+
+    This is what the cost model learns from: per-group kernel time, the same kernel measured
+    once however many plans contain it.
+    """
+    funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names)}
+    lib = tvm.compile(tvm.IRModule(funcs), target=target).jit()
+    dev = device_for(target)
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for name, prim in funcs.items():
+        args = []
+        for buf in prim.params:  # in TVM 0.27 a PrimFunc's params are its buffers
+            shape = [int(d) for d in buf.shape]
+            data = rng.standard_normal(shape) if "float" in str(buf.dtype) else np.zeros(shape)
+            args.append(tvm.runtime.tensor(data.astype(str(buf.dtype)), dev))
+        timer = lib.time_evaluator(
+            name, dev, number=config.number, repeat=max(3, config.repeat // 2),
+            min_repeat_ms=config.min_repeat_ms,
+        )
+        out[name] = float(np.median(timer(*args).results))
+    return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from multiprocessing.connection import Connection
 from typing import Any
+from collections.abc import Collection
 
 from autofuse.build import MeasureConfig
 from autofuse.plan import FusionLimits
@@ -44,6 +45,8 @@ class Measurement:
     error: str | None = None
     rule: str | None = None  # the broken legality rule, for status 'illegal'
     wall_s: float = 0.0
+    kernels: tuple[str, ...] = ()  # structural hash of each group's kernel, in plan order
+    kernel_latencies_s: dict[str, float] = field(default_factory=dict)  # newly timed kernels
 
     @property
     def ok(self) -> bool:
@@ -73,6 +76,7 @@ class Measurement:
         known = {f for f in Measurement.__dataclass_fields__}
         kept = {k: v for k, v in data.items() if k in known}
         kept["latencies_s"] = tuple(kept.get("latencies_s") or ())
+        kept["kernels"] = tuple(kept.get("kernels") or ())
         return Measurement(**kept)
 
 
@@ -104,8 +108,21 @@ class IsolatedMeasurer:
     _worker: _Worker | None = None
     _module_path: str | None = None
 
-    def measure(self, plan: FusionPlan) -> Measurement:
+    def measure(
+        self,
+        plan: FusionPlan,
+        config: MeasureConfig | None = None,
+        time_groups: bool = False,
+        known_kernels: Collection[str] = (),
+    ) -> Measurement:
+        """Build, check and time `plan`.
+
+        Args:
+            config: overrides the measurer's timing protocol (e.g. more repeats for finalists).
+            time_groups: also time each kernel alone (cost-model data), except `known_kernels`.
+        """
         start = time.perf_counter()
+        config = config or self.config
         try:
             validate(self.workload.graph, plan, self.limits)
         except IllegalPlanError as err:
@@ -113,31 +130,33 @@ class IsolatedMeasurer:
         request = {
             "groups": [list(g) for g in plan.groups],
             "target": self.target,
-            "config": asdict(self.config),
+            "config": asdict(config),
             "build_only": self.build_only,
+            "time_groups": time_groups,
+            "known_kernels": sorted(known_kernels),
         }
-        result = self._exchange(request)
-        result.pop("trace", None)
+        result = self._exchange(request, config.timeout_s)
         return Measurement(
             plan.key,
             result.pop("status"),
             latencies_s=tuple(result.pop("latencies_s", ())),
+            kernels=tuple(result.pop("kernels", ())),
             wall_s=time.perf_counter() - start,
             **result,
         )
 
-    def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _exchange(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         worker = self._ensure_worker()
         if worker is None:
             return {"status": "runtime_error", "error": "measurement worker failed to start"}
         worker.conn.send(request)
-        deadline = time.monotonic() + self.config.timeout_s
+        deadline = time.monotonic() + timeout_s
         stage = "build"
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not worker.conn.poll(left):
                 self._kill()
-                return {"status": "timeout", "error": f"no result after {self.config.timeout_s:.0f}s ({stage})"}
+                return {"status": "timeout", "error": f"no result after {timeout_s:g}s ({stage})"}
             try:
                 kind, payload = worker.conn.recv()
             except (EOFError, OSError):

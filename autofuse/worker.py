@@ -54,7 +54,7 @@ class _Session:
         self.feeds = random_inputs(self.specs, seed=0)
         self.reference: dict[str, list[np.ndarray]] = {}
 
-    def compile(self, groups: list[list[int]], target_spec: str) -> tuple[Any, Any]:
+    def compile(self, groups: list[list[int]], target_spec: str) -> tuple[Any, Any, Any, list[str]]:
         from autofuse import apply
         from autofuse import build
         from autofuse.plan import FusionLimits
@@ -63,14 +63,14 @@ class _Session:
         target = build.make_target(target_spec)
         plan = FusionPlan.from_groups(groups)
         # legality was checked by the parent under the user's limits; here only build it
-        fused = apply.apply_plan(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
-        return build.build(fused, target), target
+        fused, kernels = apply.fuse(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
+        return build.build(fused, target), target, fused, kernels
 
     def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
         from autofuse import build
 
         if target_spec not in self.reference:
-            ex, target = self.compile([[n] for n in range(len(self.graph))], target_spec)
+            ex, target, _, _ = self.compile([[n] for n in range(len(self.graph))], target_spec)
             self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
         return self.reference[target_spec]
 
@@ -82,10 +82,11 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
     try:
-        ex, target = session.compile(req["groups"], req["target"])
+        ex, target, fused, kernels = session.compile(req["groups"], req["target"])
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
     out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
+    out["kernels"] = [build.kernel_hash(fused, k) for k in kernels]
     if req.get("build_only"):
         out["status"] = "built"
         return out
@@ -102,7 +103,28 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         out["latencies_s"] = build.time_latency(ex, dev, session.feeds, cfg)
     except Exception as err:
         out.update(status="runtime_error", error=_short(err))
+        return out
+    if req.get("time_groups"):
+        out["kernel_latencies_s"] = _time_new_kernels(fused, kernels, out["kernels"], target, req)
     return out
+
+
+def _time_new_kernels(
+    fused: Any, names: list[str], hashes: list[str], target: Any, req: dict[str, Any]
+) -> dict[str, float]:
+    """Time the plan's kernels not yet known to the parent (keyed by kernel hash)."""
+    from autofuse import build
+
+    known = set(req.get("known_kernels", ()))
+    todo = {h: n for n, h in zip(names, hashes) if h not in known}
+    if not todo:
+        return {}
+    cfg = build.MeasureConfig(number=3, repeat=5, min_repeat_ms=5)
+    try:
+        by_name = build.time_kernels(fused, list(todo.values()), target, cfg)
+    except Exception:  # kernel timing is only cost-model data; the plan itself measured fine
+        return {}
+    return {h: by_name[n] for h, n in todo.items()}
 
 
 def _short(err: BaseException) -> str:

@@ -1,0 +1,515 @@
+"""The tuner: Optuna proposes fusion plans, the cost model screens them, the measurer decides.
+
+Each study searches one fixed space, named by (model key, target, search-space file, scheduler):
+one boolean parameter per fusion decision, named by the decision's stable id. Studies are
+seeded with `unfused`, `tvm_default` and the best logged plans. Per round, the sampler proposes
+a batch; plans already measured are answered from the cache; once trained, the XGBoost model
+ranks the rest and only the most promising are measured, the others are told PRUNED (with the
+prediction as their only intermediate value). Every measurement becomes a log record.
+
+The finalists are re-measured with more repeats next to `tvm_default`, which is replaced only
+when the winner is faster by more than the measured noise and the configured minimum gain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from typing import Protocol
+
+import numpy as np
+import optuna
+
+from autofuse.build import MeasureConfig
+from autofuse.cost_model import XGBCostModel
+from autofuse.cost_model import kendall_tau
+from autofuse.features import group_features
+from autofuse.measure import Measurement
+from autofuse.metrics import plan_metrics
+from autofuse.plan import FusionLimits
+from autofuse.plan import FusionPlan
+from autofuse.space import SearchSpace
+from autofuse.tuning_log import TuningLog
+from autofuse.tuning_log import TuningRecord
+from autofuse.tuning_log import device_fingerprint
+from autofuse.workload import Workload
+
+STRATEGIES = ("rules", "search", "model")
+
+
+class Measurer(Protocol):
+    def measure(
+        self,
+        plan: FusionPlan,
+        config: MeasureConfig | None = None,
+        time_groups: bool = False,
+        known_kernels: Any = (),
+    ) -> Measurement: ...
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Budgets and knobs of one tuning run (all explicit; nothing is read from the environment).
+
+    `trials` counts measured plans in the study (seeds included, resumed runs included);
+    `patience` stops after that many measured trials without a new best (0: never).
+    """
+
+    strategy: str = "search"
+    trials: int = 24
+    time_budget_s: float | None = None
+    patience: int = 0
+    seed: int = 0
+    screen_batch: int = 8
+    measure_per_batch: int = 2
+    min_train_samples: int = 8
+    model_candidates: int = 256
+    model_measure: int = 4
+    finalists: int = 3
+    final_repeat: int = 15
+    min_gain: float = 0.02
+    time_groups: bool = True
+    finalize: bool = True
+
+
+@dataclass
+class TuneResult:
+    strategy: str
+    best: FusionPlan
+    best_measurement: Measurement
+    tvm_default: Measurement | None
+    unfused: Measurement | None
+    replaced_default: bool
+    reason: str
+    measured: int
+    screened: int
+    cached: int
+    wall_s: float
+    kendall_tau: float | None
+    study: str | None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def open_study(storage: str | None, log_dir: Path, name: str, seed: int) -> optuna.Study:
+    """An Optuna study in `storage`: a journal file in the log dir by default (resumable), or an
+    RDB URL (sqlite:///..., postgresql://...) that several workers can share."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if storage is None or storage.startswith("journal:") or storage.endswith(".log"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(storage.removeprefix("journal:")) if storage else log_dir / "optuna_journal.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        backend: Any = JournalStorage(JournalFileBackend(str(path)))
+    else:
+        backend = optuna.storages.RDBStorage(storage)
+    sampler = optuna.samplers.TPESampler(
+        multivariate=True, seed=seed, constant_liar=True, n_startup_trials=8
+    )
+    return optuna.create_study(
+        study_name=name, storage=backend, sampler=sampler, direction="minimize", load_if_exists=True
+    )
+
+
+class Tuner:
+    """One tuning job: a workload on a target, logged to `log`.
+
+    Args:
+        scheduler: label of how kernels were scheduled; latencies under different schedulers are
+            never mixed (in the cache, the cost model or the study).
+        storage: Optuna storage URL (None: journal file in the log directory).
+        progress: called with a dict after every measurement.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        target: str,
+        measurer: Measurer,
+        log: TuningLog,
+        config: TuneConfig,
+        limits: FusionLimits | None = None,
+        space_name: str = "default",
+        scheduler: str = "none",
+        storage: str | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if config.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {config.strategy!r}; choose from {STRATEGIES}")
+        self.w, self.target, self.measurer, self.log, self.cfg = workload, target, measurer, log, config
+        self.space = SearchSpace(workload.graph, limits or FusionLimits())
+        self.space_name, self.scheduler, self.storage = space_name, scheduler, storage
+        self.progress = progress or (lambda event: None)
+        self.target_kind = target.split(":")[0]
+        self.model = XGBCostModel(min_samples=config.min_train_samples, seed=config.seed)
+        self.measured: dict[str, Measurement] = {}
+        self.kernel_s: dict[str, float] = {}  # kernel hash -> latency, this target/scheduler
+        self.group_kernel: dict[tuple[int, ...], str] = {}  # this workload's groups -> kernel
+        self.predictions: list[tuple[float, float]] = []  # (predicted, measured) before measuring
+        self.overhead_pairs: list[tuple[float, float, int]] = []
+        self.counts = {"measured": 0, "screened": 0, "cached": 0}
+        self.best_s: float | None = None
+        self.started = time.perf_counter()
+        self._load_history()
+
+    # --- history ------------------------------------------------------------------------------
+
+    def _comparable(self, rec: TuningRecord) -> bool:
+        return rec.target == self.target and rec.scheduler == self.scheduler
+
+    def _load_history(self) -> None:
+        for rec in self.log.records():
+            if self._comparable(rec):
+                self._learn(rec)
+
+    def _learn(self, rec: TuningRecord) -> None:
+        kernel_lat = rec.measurement.get("kernel_latencies_s") or {}
+        self.kernel_s.update(kernel_lat)
+        for g in rec.groups:
+            kernel = g.get("kernel")
+            if kernel and kernel in self.kernel_s and g.get("features"):
+                self.model.add(kernel, g["features"], self.kernel_s[kernel])
+            if kernel and rec.model_key == self.w.key:
+                self.group_kernel[tuple(g["nodes"])] = kernel
+        if rec.model_key == self.w.key and rec.role != "best":
+            m = Measurement.from_dict(rec.measurement)
+            if m.status != "illegal":
+                self.measured.setdefault(rec.plan_key, m)
+            self._note_overhead(rec.groups, m)
+
+    def _note_overhead(self, groups: list[dict[str, Any]], m: Measurement) -> None:
+        times = [self.kernel_s.get(g.get("kernel", "")) for g in groups]
+        if m.median_s and groups and all(t is not None for t in times):
+            self.overhead_pairs.append((m.median_s, float(sum(times)), len(groups)))  # type: ignore[arg-type]
+
+    # --- measuring and logging ----------------------------------------------------------------
+
+    def _features(self, plan: FusionPlan) -> list[list[float]]:
+        return [group_features(self.w.graph, g, self.target_kind) for g in plan.groups]
+
+    def predict(self, plan: FusionPlan) -> float | None:
+        if not self.model.ready:
+            return None
+        known = [self._known_group_s(g) for g in plan.groups]
+        return self.model.plan_cost(self._features(plan), known)
+
+    def _known_group_s(self, group: tuple[int, ...]) -> float | None:
+        kernel = self.group_kernel.get(group)
+        return self.kernel_s.get(kernel) if kernel else None
+
+    def measure(
+        self, plan: FusionPlan, role: str, trial: int | None = None, config: MeasureConfig | None = None
+    ) -> Measurement:
+        predicted = self.predict(plan)
+        m = self.measurer.measure(
+            plan, config=config, time_groups=self.cfg.time_groups, known_kernels=set(self.kernel_s)
+        )
+        self.counts["measured"] += 1
+        rec = self._record(plan, m, role, trial, predicted, config)
+        self.log.append(rec)
+        self._learn(rec)
+        if role in ("seed", "search", "model"):
+            self.measured[plan.key] = m
+        if m.ok and predicted is not None and role == "search":
+            self.predictions.append((predicted, m.median_s or 0.0))
+        if m.ok and (self.best_s is None or (m.median_s or 0) < self.best_s):
+            self.best_s = m.median_s
+        self.model.fit()
+        self.model.fit_overhead(self.overhead_pairs)
+        self.progress({"event": "measured", "plan": plan, "measurement": m, "best_s": self.best_s, "role": role})
+        return m
+
+    def _record(
+        self,
+        plan: FusionPlan,
+        m: Measurement,
+        role: str,
+        trial: int | None,
+        predicted: float | None,
+        config: MeasureConfig | None,
+    ) -> TuningRecord:
+        feats = self._features(plan)
+        groups = [
+            {"nodes": list(g), "kernel": m.kernels[i] if i < len(m.kernels) else None, "features": f}
+            for i, (g, f) in enumerate(zip(plan.groups, feats))
+        ]
+        return TuningRecord(
+            model_key=self.w.key,
+            model_name=self.w.name,
+            target=self.target,
+            scheduler=self.scheduler,
+            plan=plan.to_dict(),
+            measurement=m.to_dict(),
+            metrics=plan_metrics(self.w.graph, plan).to_dict(),
+            groups=groups,
+            predicted_s=predicted,
+            protocol=asdict(config or getattr(self.measurer, "config", MeasureConfig())),
+            role=role,
+            trial=trial,
+            study=self.study_name if self.cfg.strategy == "search" else None,
+            device=device_fingerprint(self.target),
+            space=self.space_name,
+        )
+
+    # --- budgets ------------------------------------------------------------------------------
+
+    def _out_of_time(self) -> bool:
+        budget = self.cfg.time_budget_s
+        return budget is not None and time.perf_counter() - self.started > budget
+
+    @property
+    def study_name(self) -> str:
+        return f"{self.w.key}-{self.target}-{self.space_name}-{self.scheduler}"
+
+    # --- strategies ---------------------------------------------------------------------------
+
+    def seeds(self) -> list[FusionPlan]:
+        plans = [self.w.unfused(), self.w.tvm_default()]
+        best = self.log.best(self.w.key, self.target, self.scheduler)
+        if best is not None:
+            plans.append(FusionPlan.from_dict(best.plan))
+        return plans
+
+    def run(self) -> TuneResult:
+        strategy = self.cfg.strategy
+        if strategy == "rules":
+            plan = self.w.tvm_default()
+            m = self._cached_or_measure(plan, "seed")
+            return self._result(plan, m, self.w.tvm_default(), "TVM's rule-based plan", None)
+        if strategy == "model":
+            self._run_model()
+        else:
+            self._run_search()
+        return self.finalize() if self.cfg.finalize else self._partial_result()
+
+    def _cached_or_measure(self, plan: FusionPlan, role: str, trial: int | None = None) -> Measurement:
+        if plan.key in self.measured:
+            self.counts["cached"] += 1
+            return self.measured[plan.key]
+        return self.measure(plan, role, trial)
+
+    def _study_measured(self, study: optuna.Study) -> int:
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+        return len(study.get_trials(deepcopy=False, states=states))
+
+    def _run_search(self) -> None:
+        study = open_study(self.storage, self.log.dir, self.study_name, self.cfg.seed)
+        self._fail_orphans(study)
+        if not study.trials:
+            for plan in self.seeds():
+                study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
+        since_best, best_before = 0, self.best_s
+        while self._study_measured(study) < self.cfg.trials and not self._out_of_time():
+            measured_before = self.counts["measured"]
+            self._round(study)
+            if self.best_s is not None and (best_before is None or self.best_s < best_before):
+                since_best, best_before = 0, self.best_s
+            else:
+                since_best += self.counts["measured"] - measured_before
+            if self.cfg.patience and since_best >= self.cfg.patience:
+                break
+
+    def _fail_orphans(self, study: optuna.Study) -> None:
+        # trials left RUNNING by a killed process on this host would never finish
+        host = socket.gethostname()
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            owner = t.user_attrs.get("owner", "")
+            if owner.startswith(host + ":") and not _pid_alive(int(owner.split(":")[1])):
+                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+    def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, FusionPlan]:
+        trial = study.ask()
+        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        params = {d.id: trial.suggest_categorical(d.id, [False, True]) for d in self.space.decisions}
+        plan = self.space.decode(params)
+        trial.set_user_attr("plan_key", plan.key)
+        return trial, plan
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
+        if m.ok:
+            study.tell(trial, m.median_s)
+        else:
+            trial.set_user_attr("failure", f"{m.status}: {m.error}")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _round(self, study: optuna.Study) -> None:
+        batch = self.cfg.screen_batch if self.model.ready else 1
+        room = self.cfg.trials - self._study_measured(study)
+        asked = [self._ask(study) for _ in range(max(1, min(batch, room * 4)))]
+        fresh: list[tuple[optuna.Trial, FusionPlan]] = []
+        for trial, plan in asked:
+            if plan.key in self.measured:
+                self.counts["cached"] += 1
+                self._tell(study, trial, self.measured[plan.key])
+            else:
+                fresh.append((trial, plan))
+        if not fresh:
+            return
+        seed_keys = {p.key for p in self.seeds()}
+        enqueued = [tp for tp in fresh if tp[1].key in seed_keys]
+        rest = [tp for tp in fresh if tp[1].key not in seed_keys]
+        if self.model.ready and len(rest) > self.cfg.measure_per_batch:
+            scored = sorted(rest, key=lambda tp: self.predict(tp[1]) or 0.0)
+            chosen, screened = scored[: self.cfg.measure_per_batch], scored[self.cfg.measure_per_batch :]
+        else:
+            chosen, screened = rest, []
+        for trial, plan in enqueued + chosen:
+            if plan.key in self.measured:  # the same plan twice in one batch
+                self.counts["cached"] += 1
+                self._tell(study, trial, self.measured[plan.key])
+                continue
+            role = "seed" if plan.key in seed_keys else "search"
+            self._tell(study, trial, self.measure(plan, role, trial.number))
+        for trial, plan in screened:
+            self.counts["screened"] += 1
+            trial.report(self.predict(plan) or 0.0, step=0)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+    def _run_model(self) -> None:
+        for plan in self.seeds()[:2]:
+            self._cached_or_measure(plan, "seed")
+        if not self.model.fit():
+            self.model.min_samples = 1  # learn from whatever the seeds gave
+            self.model.fit()
+        rng = np.random.default_rng(self.cfg.seed)
+        base = self.space.encode(self.w.tvm_default())
+        candidates: dict[str, FusionPlan] = {}
+        for i in range(self.cfg.model_candidates):
+            density = rng.uniform(0.2, 1.0)
+            params = {d.id: bool(rng.random() < density) for d in self.space.decisions}
+            if i % 2:  # half of them start from TVM's own plan
+                params = {k: v or base[k] for k, v in params.items()}
+            plan = self.space.decode(params)
+            candidates.setdefault(plan.key, plan)
+        ranked = sorted(candidates.values(), key=lambda p: self.predict(p) or 0.0)
+        for plan in ranked[: self.cfg.model_measure]:
+            if self._out_of_time():
+                break
+            self._cached_or_measure(plan, "model")
+
+    # --- final decision -----------------------------------------------------------------------
+
+    def finalize(self) -> TuneResult:
+        """Re-measure the finalists next to tvm_default; keep tvm_default unless clearly beaten."""
+        default = self.w.tvm_default()
+        ok = sorted(
+            ((k, m) for k, m in self.measured.items() if m.ok and m.median_s), key=lambda km: km[1].median_s or 0.0
+        )
+        keys = [k for k, _ in ok[: self.cfg.finalists]]
+        plans = {p.key: p for p in self._known_plans()}
+        finalists = [plans[k] for k in keys if k in plans]
+        if default.key not in [p.key for p in finalists]:
+            finalists.append(default)
+        base = getattr(self.measurer, "config", MeasureConfig())
+        final_cfg = replace(base, repeat=max(base.repeat, self.cfg.final_repeat))
+        final: dict[str, Measurement] = {}
+        for plan in finalists:
+            final[plan.key] = self.measure(plan, "finalist", config=final_cfg)
+        good = {k: m for k, m in final.items() if m.ok}
+        if not good:
+            m = final[default.key]
+            return self._result(default, m, default, "no finalist measured correctly", final.get(default.key))
+        winner_key = min(good, key=lambda k: good[k].median_s or 0.0)
+        dm = good.get(default.key)
+        winner, reason = plans.get(winner_key, default), "fastest finalist"
+        if winner_key != default.key and dm is not None:
+            gain = (dm.median_s - good[winner_key].median_s) / dm.median_s  # type: ignore[operator]
+            noise = max(good[winner_key].spread or 0.0, dm.spread or 0.0)
+            if gain <= max(self.cfg.min_gain, noise):
+                winner, reason = default, (
+                    f"best found was {gain:+.1%} vs tvm_default, within noise {noise:.1%} / "
+                    f"min gain {self.cfg.min_gain:.0%}: kept tvm_default"
+                )
+            else:
+                reason = f"{gain:.1%} faster than tvm_default (noise {noise:.1%})"
+        wm = good.get(winner.key) or final[winner.key]
+        self.log.append(self._record(winner, wm, "best", None, None, final_cfg))
+        return self._result(winner, wm, default, reason, dm)
+
+    def _known_plans(self) -> list[FusionPlan]:
+        plans = {p.key: p for p in self.seeds()}
+        for rec in self.log.records(self.w.key, self.target):
+            plans.setdefault(rec.plan_key, FusionPlan.from_dict(rec.plan))
+        return list(plans.values())
+
+    def _partial_result(self) -> TuneResult:
+        ok = [(k, m) for k, m in self.measured.items() if m.ok and m.median_s]
+        plans = {p.key: p for p in self._known_plans()}
+        default = self.w.tvm_default()
+        if not ok:
+            m = self.measured.get(default.key) or Measurement(default.key, "runtime_error", error="nothing measured")
+            return self._result(default, m, default, "search only, nothing measured", None)
+        key, m = min(ok, key=lambda km: km[1].median_s or 0.0)
+        return self._result(plans.get(key, default), m, default, "search only (no final decision)", self.measured.get(default.key))
+
+    def _result(
+        self, best: FusionPlan, m: Measurement, default: FusionPlan, reason: str, dm: Measurement | None
+    ) -> TuneResult:
+        unfused = self.measured.get(self.w.unfused().key)
+        tau = kendall_tau([p for p, _ in self.predictions], [q for _, q in self.predictions])
+        res = TuneResult(
+            strategy=self.cfg.strategy,
+            best=best,
+            best_measurement=m,
+            tvm_default=dm or self.measured.get(default.key),
+            unfused=unfused,
+            replaced_default=best.key != default.key,
+            reason=reason,
+            measured=self.counts["measured"],
+            screened=self.counts["screened"],
+            cached=self.counts["cached"],
+            wall_s=time.perf_counter() - self.started,
+            kendall_tau=tau,
+            study=self.study_name if self.cfg.strategy == "search" else None,
+        )
+        res.summary = summarize(self.w, res, self.model, len(self.predictions))
+        self.model.save(self.log.dir / f"cost_model-{self.target.replace(':', '_')}-{self.scheduler}.json")
+        return res
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def summarize(w: Workload, res: TuneResult, model: XGBCostModel, n_pred: int) -> dict[str, Any]:
+    def lat(m: Measurement | None) -> float | None:
+        return m.median_s if m is not None and m.ok else None
+
+    best_metrics = plan_metrics(w.graph, res.best)
+    default_metrics = plan_metrics(w.graph, w.tvm_default())
+    out = {
+        "model": w.name,
+        "model_key": w.key,
+        "strategy": res.strategy,
+        "best_plan": res.best.key,
+        "replaced_tvm_default": res.replaced_default,
+        "reason": res.reason,
+        "latency_s": {"best": lat(res.best_measurement), "tvm_default": lat(res.tvm_default), "unfused": lat(res.unfused)},
+        "noise": {"best": res.best_measurement.spread, "tvm_default": res.tvm_default.spread if res.tvm_default else None},
+        "kernels": {"best": best_metrics.kernels, "tvm_default": default_metrics.kernels, "unfused": len(w.graph)},
+        "fusion_ratio": {"best": best_metrics.fusion_ratio, "tvm_default": default_metrics.fusion_ratio},
+        "bytes_saved": {"best": best_metrics.bytes_saved, "tvm_default": default_metrics.bytes_saved},
+        "measured": res.measured,
+        "screened_by_model": res.screened,
+        "cache_hits": res.cached,
+        "wall_s": res.wall_s,
+        "cost_model": {"kernels_learned": len(model.samples), "kendall_tau": res.kendall_tau, "tau_pairs": n_pred,
+                       "overhead_s": model.overhead_s},
+    }
+    b, d = out["latency_s"]["best"], out["latency_s"]["tvm_default"]
+    out["speedup_vs_tvm_default"] = d / b if b and d else None
+    return out

@@ -1,0 +1,80 @@
+import itertools
+
+import pytest
+
+from autofuse.plan import FusionPlan
+from autofuse.search import TuneConfig
+from autofuse.search import Tuner
+from autofuse.space import SearchSpace
+from autofuse.tuning_log import TuningLog
+
+from fakes import FakeMeasurer
+
+
+def best_by_brute_force(space, fake):
+    plans = {}
+    for bits in itertools.product([False, True], repeat=len(space.decisions)):
+        plan = space.decode(dict(zip((d.id for d in space.decisions), bits)))
+        plans[plan.key] = plan
+    return min(plans.values(), key=fake.latency_s), len(plans)
+
+
+def test_search_finds_known_best(small, tmp_path):
+    fake = FakeMeasurer(small.graph)
+    best, distinct = best_by_brute_force(SearchSpace(small.graph), fake)
+    assert distinct > 20 and best != small.tvm_default()
+    cfg = TuneConfig(trials=30, seed=0, min_gain=0.0)
+    tuner = Tuner(small, "llvm", fake, TuningLog(tmp_path), cfg)
+    result = tuner.run()
+    assert result.best == best
+    assert result.replaced_default
+    # every distinct plan was measured at most once during the search
+    search_calls = fake.calls[: len(fake.calls) - cfg.finalists - 1]
+    assert len(search_calls) == len(set(search_calls))
+    assert result.summary["latency_s"]["best"] == pytest.approx(fake.latency_s(best))
+
+
+def test_same_seed_same_plans(small, tmp_path):
+    runs = []
+    for i in range(2):
+        fake = FakeMeasurer(small.graph)
+        Tuner(small, "llvm", fake, TuningLog(tmp_path / str(i)), TuneConfig(trials=12, seed=3, finalize=False)).run()
+        runs.append(fake.calls)
+    assert runs[0] == runs[1]
+
+
+def test_never_slower_than_tvm_default(small, tmp_path):
+    class DefaultIsBest(FakeMeasurer):
+        def latency_s(self, plan):
+            return 1e-3 if plan == small.tvm_default() else 1e-3 * 1.01
+
+    fake = DefaultIsBest(small.graph)
+    result = Tuner(small, "llvm", fake, TuningLog(tmp_path), TuneConfig(trials=10, min_gain=0.02)).run()
+    assert result.best == small.tvm_default() and not result.replaced_default
+
+
+def test_rules_strategy(small, tmp_path):
+    result = Tuner(small, "llvm", FakeMeasurer(small.graph), TuningLog(tmp_path), TuneConfig(strategy="rules")).run()
+    assert result.best == small.tvm_default() and result.measured == 1
+
+
+def test_model_strategy_uses_earlier_logs(transformer, tmp_path):
+    fake = FakeMeasurer(transformer.graph)
+    log = TuningLog(tmp_path)
+    Tuner(transformer, "llvm", fake, log, TuneConfig(trials=16, seed=1)).run()
+    fresh = FakeMeasurer(transformer.graph)
+    result = Tuner(transformer, "llvm", fresh, log, TuneConfig(strategy="model", model_measure=3)).run()
+    assert result.best_measurement.ok
+    assert fake.latency_s(result.best) <= fake.latency_s(transformer.tvm_default())
+    # with the cost model trained on the log, only the top few candidates were measured
+    assert result.measured <= 3 + 2 + 4 + 1
+
+
+def test_cost_model_screens_and_ranks(transformer, tmp_path):
+    fake = FakeMeasurer(transformer.graph)
+    cfg = TuneConfig(trials=30, seed=0, screen_batch=8, measure_per_batch=2)
+    result = Tuner(transformer, "llvm", fake, TuningLog(tmp_path), cfg).run()
+    assert result.screened > 0
+    tau = result.kendall_tau
+    assert tau is not None and tau > 0.3, tau
+    assert (tmp_path / "cost_model-llvm-none.json").exists()
