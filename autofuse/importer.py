@@ -85,7 +85,7 @@ def load_model(
 ) -> LoadedModel:
     """Import `source`; `inputs` fix (or override) input shapes and dtypes by name."""
     if isinstance(source, tvm.IRModule):
-        return LoadedModel(source, _module_inputs(source, inputs), "<IRModule>")
+        return LoadedModel(source, module_inputs(source, inputs), "<IRModule>")
     path = Path(source)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
@@ -103,10 +103,10 @@ def _load_tvmscript(path: Path, inputs: Sequence[InputSpec]) -> LoadedModel:
     if not mods:
         raise ModelError(f"{path}: defines no IRModule (decorate a class with @I.ir_module)")
     mod = namespace.get("Module", mods[0])
-    return LoadedModel(mod, _module_inputs(mod, inputs), str(path))
+    return LoadedModel(mod, module_inputs(mod, inputs), str(path))
 
 
-def _module_inputs(mod: tvm.IRModule, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
+def module_inputs(mod: tvm.IRModule, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
     from tvm import relax
 
     names = [gv.name_hint for gv in mod.get_global_vars()]

@@ -42,7 +42,10 @@ class Workload:
 
 
 def workload_key(mod: tvm.IRModule, inputs: Sequence[InputSpec]) -> str:
-    text = tvm_bridge.structural_key(mod) + "|" + ";".join(map(str, inputs))
+    """Structural hash of the normalised module plus input shapes and dtypes (not names, which
+    frontends may sanitise differently)."""
+    shapes = ";".join(f"{'x'.join(map(str, s.shape))}:{s.dtype}" for s in inputs)
+    text = tvm_bridge.structural_key(mod) + "|" + shapes
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,370 @@
+"""The `autofuse` command: tune, apply, show, bench, merge.
+
+Commands are thin: they parse, call the library, print. Problems with the user's input (model,
+log, target, search-space file) print one line `autofuse: error: ...` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Annotated
+from typing import Any
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autofuse.importer import InputSpec
+from autofuse.importer import ModelError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(help="ONNX or TVMScript (.py) file, or a built-in model name (default: the demo model)."),
+]
+InputOpt = Annotated[
+    Optional[list[str]], typer.Option("--input", "-i", help="Fix an input: name:1x3x224x224[:dtype]. Repeatable.")
+]
+TargetOpt = Annotated[str, typer.Option(help="llvm, cuda, cuda:sm_XX or a JSON target dict.")]
+LogDirOpt = Annotated[Path, typer.Option(help="Tuning log directory.")]
+
+
+class UserError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+def _fail(message: str) -> None:
+    err.print(f"autofuse: error: {message}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _workload(model: str | None, inputs: list[str] | None, log_dir: Path) -> Any:
+    from autofuse import models
+    from autofuse.workload import prepare
+
+    name = model or models.DEFAULT_MODEL
+    path = Path(name)
+    if not path.exists() and name in models.BUILTIN:
+        path = models.write_builtin(name, log_dir / "models")
+    specs = [InputSpec.parse(s) for s in inputs or []]
+    return prepare(path, specs)
+
+
+def _check_target(target: str) -> None:
+    from autofuse.build import make_target
+
+    make_target(target)
+
+
+def _run(fn: Any) -> Any:
+    """Call fn, turning the library's user-facing errors into one-line exits."""
+    from autofuse.deploy import PlanNotFound
+    from autofuse.tuning_log import LogError
+
+    try:
+        return fn()
+    except (ModelError, LogError, PlanNotFound, UserError, FileNotFoundError) as e:
+        _fail(str(e))
+    except ValueError as e:  # targets, space files, plan JSON
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _fmt_us(seconds: float | None) -> str:
+    return f"{seconds * 1e6:,.1f} us" if seconds else "-"
+
+
+@app.command()
+def tune(
+    model: ModelArg = None,
+    input: InputOpt = None,
+    target: TargetOpt = "llvm",
+    trials: Annotated[int, typer.Option(help="Measured plans in the study, seeds included.")] = 24,
+    time_budget: Annotated[Optional[float], typer.Option(help="Wall-clock budget in seconds.")] = None,
+    patience: Annotated[int, typer.Option(help="Stop after N measured trials without a new best (0: off).")] = 0,
+    log_dir: LogDirOpt = Path("tuning_logs"),
+    space: Annotated[str, typer.Option(help="Search-space file or name under search_spaces/.")] = "default",
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (default: journal file in the log dir).")] = None,
+    seed: int = 0,
+    workers: Annotated[int, typer.Option(help="Processes sharing one study.")] = 1,
+    strategy: Annotated[str, typer.Option(help="rules | search | model")] = "search",
+    repeat: Annotated[int, typer.Option(help="Timed samples per measurement.")] = 7,
+    timeout: Annotated[float, typer.Option(help="Seconds per plan build+run before it is a timeout.")] = 300.0,
+    min_gain: Annotated[float, typer.Option(help="Minimum gain over tvm_default to replace it.")] = 0.02,
+    finalize: Annotated[bool, typer.Option(help="Re-measure finalists and log the decision.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Tune the fusion plan of MODEL on TARGET; results are appended to the tuning log."""
+    from autofuse.build import MeasureConfig
+    from autofuse.measure import IsolatedMeasurer
+    from autofuse.search import STRATEGIES
+    from autofuse.search import TuneConfig
+    from autofuse.search import Tuner
+    from autofuse.space import load_limits
+    from autofuse.tuning_log import TuningLog
+
+    if strategy not in STRATEGIES:
+        _fail(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    _run(lambda: _check_target(target))
+    space_name, limits = _run(lambda: load_limits(space))
+    w = _run(lambda: _workload(model, input, log_dir))
+    log = TuningLog(log_dir)
+    _run(log.records)  # a corrupt log is reported before any work
+    for warning in log.warnings:
+        err.print(f"autofuse: warning: {warning}")
+    config = TuneConfig(
+        strategy=strategy, trials=trials, time_budget_s=time_budget, patience=patience, seed=seed,
+        min_gain=min_gain, finalize=finalize and workers <= 1,
+    )
+    build_only = target.startswith("cuda")
+    scheduler = "dlight" if build_only else "none"
+    children = _spawn_workers(workers - 1, storage, log_dir) if strategy == "search" else []
+    measure_cfg = MeasureConfig(repeat=repeat, timeout_s=timeout)
+    with IsolatedMeasurer(w, target=target, config=measure_cfg, limits=limits, build_only=build_only) as m:
+        make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
+        if not as_json:
+            out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "
+                      f"{len(make(replace_cfg(config, finalize=False)).space)} fusion decisions, strategy {strategy}")
+        result = _with_progress(make(config), trials, as_json)
+        for child in children:
+            child.wait()
+        if children and finalize:
+            result = make(config).finalize()
+    if as_json:
+        print(json.dumps(result.summary, indent=1))
+    else:
+        _print_summary(result.summary)
+
+
+def replace_cfg(config: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def _spawn_workers(n: int, storage: str | None, log_dir: Path) -> list[subprocess.Popen[bytes]]:
+    if n <= 0:
+        return []
+    argv = [a for a in sys.argv[1:]]
+    args = []
+    skip = False
+    for a in argv:  # same command line, one worker each, no final decision
+        if skip:
+            skip = False
+            continue
+        if a == "--workers":
+            skip = True
+            continue
+        if a.startswith("--workers="):
+            continue
+        args.append(a)
+    cmd = [sys.executable, "-m", "autofuse.cli", *args, "--workers", "1", "--no-finalize", "--json"]
+    return [subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for _ in range(n)]
+
+
+def _with_progress(tuner: Any, trials: int, quiet: bool) -> Any:
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+    from rich.progress import TimeRemainingColumn
+
+    if quiet:
+        return tuner.run()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[best]}")]
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task("tuning", total=trials, best="")
+
+        def on_event(event: dict[str, Any]) -> None:
+            m = event["measurement"]
+            if event["role"] in ("finalist", "best"):
+                bar.update(task, description="final")
+            else:
+                bar.advance(task)
+            best = event["best_s"]
+            status = "" if m.ok else f" last: {m.status}"
+            bar.update(task, best=f"best {_fmt_us(best)}{status}")
+
+        tuner.progress = on_event
+        return tuner.run()
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    lat, kern, ratio, saved = s["latency_s"], s["kernels"], s["fusion_ratio"], s["bytes_saved"]
+    table = Table(title=f"{s['model']} — {s['strategy']}: {s['reason']}")
+    for col in ("plan", "latency", "kernels", "fusion ratio", "bytes kept"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    noise = s["noise"]
+    table.add_row("autofuse best", _fmt_us(lat["best"]) + (f" ±{noise['best'] * 50:.1f}%" if noise["best"] else ""),
+                  str(kern["best"]), f"{ratio['best']:.2f}", f"{saved['best'] / 1024:,.1f} KiB")
+    table.add_row("tvm_default", _fmt_us(lat["tvm_default"]) + (f" ±{noise['tvm_default'] * 50:.1f}%" if noise["tvm_default"] else ""),
+                  str(kern["tvm_default"]), f"{ratio['tvm_default']:.2f}", f"{saved['tvm_default'] / 1024:,.1f} KiB")
+    table.add_row("unfused", _fmt_us(lat["unfused"]), str(kern["unfused"]), "0.00", "0.0 KiB")
+    out.print(table)
+    cm = s["cost_model"]
+    tau = f"{cm['kendall_tau']:.2f} over {cm['tau_pairs']} plans" if cm["kendall_tau"] is not None else "n/a"
+    speed = f"{s['speedup_vs_tvm_default']:.3f}x" if s["speedup_vs_tvm_default"] else "-"
+    out.print(f"speedup vs tvm_default: {speed}; measured {s['measured']} plans, screened "
+              f"{s['screened_by_model']} by the cost model, {s['cache_hits']} cache hits, {s['wall_s']:.0f}s; "
+              f"cost model: {cm['kernels_learned']} kernels, Kendall tau {tau}")
+
+
+@app.command("apply")
+def apply_cmd(
+    model: ModelArg = None,
+    input: InputOpt = None,
+    target: TargetOpt = "llvm",
+    log_dir: LogDirOpt = Path("tuning_logs"),
+    output: Annotated[Path, typer.Option("-o", "--output", help="Library to write (.so).")] = Path("model.so"),
+    strict: Annotated[bool, typer.Option(help="Fail instead of falling back to TVM's default fusion.")] = False,
+) -> None:
+    """Build MODEL with its cached best plan and export a deployable library."""
+    from autofuse import deploy
+
+    _run(lambda: _check_target(target))
+    w = _run(lambda: _workload(model, input, log_dir))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = _run(lambda: deploy.export_library(w, target, log_dir, output, strict))
+    for c in caught:
+        if "tuned plan" in str(c.message):
+            err.print(f"autofuse: warning: {c.message}")
+    lat = f", measured {_fmt_us(chosen.latency_s)}" if chosen.latency_s else ""
+    out.print(f"wrote {output} ({w.name} on {target}, {chosen.note}{lat}, {chosen.plan.num_kernels} kernels)")
+
+
+@app.command()
+def show(
+    log_dir: LogDirOpt = Path("tuning_logs"),
+    model: Annotated[Optional[str], typer.Option(help="Only this model key or name.")] = None,
+    groups: Annotated[bool, typer.Option(help="Per-group table of each best plan.")] = True,
+) -> None:
+    """Best plans of a log, with a per-group table."""
+    from autofuse.tuning_log import TuningLog
+
+    log = TuningLog(log_dir)
+    records = _run(log.records)
+    for warning in log.warnings:
+        err.print(f"autofuse: warning: {warning}")
+    if not records:
+        _fail(f"no records in {log.path}")
+    keys = sorted({(r.model_key, r.model_name, r.target, r.scheduler) for r in records})
+    keys = [k for k in keys if model in (None, k[0], k[1])]
+    if not keys:
+        _fail(f"no records for model {model!r} in {log.path}")
+    for key, name, target, scheduler in keys:
+        mine = [r for r in records if r.model_key == key and r.target == target]
+        best = log.best(key, target, scheduler)
+        ok = sum(r.status == "ok" for r in mine)
+        out.print(f"[bold]{name}[/bold] ({key}) {target}/{scheduler}: {len(mine)} records, {ok} ok, "
+                  f"failures {sorted({r.status for r in mine} - {'ok', 'built'})}")
+        if best is None:
+            out.print("  no validated plan")
+            continue
+        out.print(f"  best plan {best.plan_key} ({best.role}): {_fmt_us(best.median_s)}, "
+                  f"{best.metrics.get('kernels')} kernels, fusion ratio {best.metrics.get('fusion_ratio', 0):.2f}")
+        if groups:
+            _print_groups(best)
+
+
+def _print_groups(rec: Any) -> None:
+    lat = rec.measurement.get("kernel_latencies_s") or {}
+    table = Table()
+    for col in ("group", "nodes", "kernel", "kernel time"):
+        table.add_column(col)
+    for i, g in enumerate(rec.groups):
+        nodes = g["nodes"]
+        text = ",".join(map(str, nodes[:8])) + ("…" if len(nodes) > 8 else "")
+        table.add_row(str(i), text, str(g.get("kernel") or "-"), _fmt_us(lat.get(g.get("kernel") or "")))
+    out.print(table)
+
+
+@app.command()
+def bench(
+    model: ModelArg = None,
+    input: InputOpt = None,
+    target: TargetOpt = "llvm",
+    log_dir: LogDirOpt = Path("tuning_logs"),
+    repeat: int = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
+) -> None:
+    """unfused, tvm_default, autofuse tuned (and onnxruntime) side by side in one run."""
+    from autofuse import deploy
+    from autofuse.baselines import median_and_spread
+    from autofuse.baselines import time_onnxruntime
+    from autofuse.build import MeasureConfig
+    from autofuse.importer import random_inputs
+    from autofuse.measure import IsolatedMeasurer
+    from autofuse.metrics import plan_metrics
+
+    _run(lambda: _check_target(target))
+    if target.startswith("cuda"):
+        _fail("bench runs on this machine's CPU; for CUDA use scripts/gpu_check.sh on a GPU host")
+    w = _run(lambda: _workload(model, input, log_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chosen = _run(lambda: deploy.choose_plan(w.key, w.graph, w.tvm_default(), log_dir, target, False, w.name))
+    rows: list[dict[str, Any]] = []
+    with IsolatedMeasurer(w, target=target, config=MeasureConfig(repeat=repeat)) as m:
+        for label, plan in (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan)):
+            r = m.measure(plan)
+            pm = plan_metrics(w.graph, plan)
+            rows.append({"name": label, "status": r.status, "median_s": r.median_s, "spread": r.spread,
+                         "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error,
+                         "plan": plan.key})
+    if w.loaded.onnx_model is not None:
+        samples = time_onnxruntime(w.loaded.onnx_model, w.inputs, random_inputs(w.inputs), repeat=repeat)
+        med, spread = median_and_spread(samples)
+        rows.append({"name": "onnxruntime", "status": "ok", "median_s": med, "spread": spread})
+    result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
+              "threads": os.cpu_count()}
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    table = Table(title=f"{w.name} on {target} ({chosen.note})")
+    for col in ("", "latency", "±IQR/2", "vs tvm_default", "kernels", "status"):
+        table.add_column(col, justify="left" if col in ("", "status") else "right")
+    base = next((r["median_s"] for r in rows if r["name"] == "tvm_default"), None)
+    for r in rows:
+        ratio = f"{base / r['median_s']:.3f}x" if base and r["median_s"] else "-"
+        noise = f"{r['spread'] * 50:.1f}%" if r.get("spread") is not None else "-"
+        table.add_row(r["name"], _fmt_us(r["median_s"]), noise, ratio, str(r.get("kernels", "-")),
+                      r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}")
+    out.print(table)
+
+
+@app.command()
+def merge(
+    dest: Annotated[Path, typer.Argument(help="Log directory to merge into.")],
+    sources: Annotated[list[Path], typer.Argument(help="Log directories or records.jsonl files.")],
+) -> None:
+    """Merge tuning logs from several machines; records already present are not duplicated."""
+    from autofuse.tuning_log import TuningLog
+
+    for src in sources:
+        if not src.exists():
+            _fail(f"log not found: {src}")
+    log = TuningLog(dest)
+    added = _run(lambda: log.merge_from(sources))
+    for warning in log.warnings:
+        err.print(f"autofuse: warning: {warning}")
+    out.print(f"merged {added} new records into {log.path} ({len(log.records())} in all)")
+
+
+def main() -> None:
+    app(prog_name="autofuse")
+
+
+if __name__ == "__main__":
+    main()
