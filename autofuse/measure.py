@@ -67,6 +67,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["latencies_s"] = list(self.latencies_s)
+        out["kernels"] = list(self.kernels)
         out["median_s"] = self.median_s
         out["spread"] = self.spread
         return out
