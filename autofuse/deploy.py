@@ -27,8 +27,12 @@ from autofuse.workload import Workload
 from autofuse.workload import workload_key
 
 
-class PlanNotFound(LookupError):
-    """No usable cached plan (only raised in strict mode, or for a log of other models)."""
+class PlanNotFound(ValueError):
+    """No usable cached plan (only raised in strict mode, or for a log of other models).
+
+    Raised inside AutofuseFusion, it reaches the caller through TVM's FFI as a RuntimeError
+    carrying the same message.
+    """
 
 
 @dataclass(frozen=True)
