@@ -158,6 +158,7 @@ class Tuner:
         self.counts = {"measured": 0, "screened": 0, "cached": 0}
         self.best_s: float | None = None
         self.started = time.perf_counter()
+        self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
 
     # --- history ------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ class Tuner:
         return rec.target == self.target and rec.scheduler == self.scheduler
 
     def _load_history(self) -> None:
-        for rec in self.log.records():
+        for rec in self._follower.follow():
             if self._comparable(rec):
                 self._learn(rec)
 
@@ -215,7 +216,7 @@ class Tuner:
         self.counts["measured"] += 1
         rec = self._record(plan, m, role, trial, predicted, config)
         self.log.append(rec)
-        self._learn(rec)
+        self._load_history()  # learns our record, and any other worker's appended meanwhile
         if role in ("seed", "search", "model"):
             self.measured[plan.key] = m
         if m.ok and predicted is not None and role == "search":
@@ -340,15 +341,20 @@ class Tuner:
             trial.set_user_attr("failure", f"{m.status}: {m.error}")
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
+    def _tell_cached(self, study: optuna.Study, trial: optuna.Trial, plan: FusionPlan) -> None:
+        self.counts["cached"] += 1
+        trial.set_user_attr("cached", True)
+        self._tell(study, trial, self.measured[plan.key])
+
     def _round(self, study: optuna.Study) -> None:
+        self._load_history()  # plans other workers measured meanwhile are cache hits
         batch = self.cfg.screen_batch if self.model.ready else 1
         room = self.cfg.trials - self._study_measured(study)
         asked = [self._ask(study) for _ in range(max(1, min(batch, room * 4)))]
         fresh: list[tuple[optuna.Trial, FusionPlan]] = []
         for trial, plan in asked:
             if plan.key in self.measured:
-                self.counts["cached"] += 1
-                self._tell(study, trial, self.measured[plan.key])
+                self._tell_cached(study, trial, plan)
             else:
                 fresh.append((trial, plan))
         if not fresh:
@@ -363,8 +369,7 @@ class Tuner:
             chosen, screened = rest, []
         for trial, plan in enqueued + chosen:
             if plan.key in self.measured:  # the same plan twice in one batch
-                self.counts["cached"] += 1
-                self._tell(study, trial, self.measured[plan.key])
+                self._tell_cached(study, trial, plan)
                 continue
             role = "seed" if plan.key in seed_keys else "search"
             self._tell(study, trial, self.measure(plan, role, trial.number))

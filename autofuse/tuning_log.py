@@ -122,6 +122,26 @@ class TuningLog:
         self.dir = Path(directory)
         self.path = self.dir / LOG_NAME
         self.warnings: list[str] = []
+        self._offset = 0  # bytes already handed out by follow()
+
+    def follow(self) -> list[TuningRecord]:
+        """Records appended since the last call (complete lines only): other workers' results."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        out = []
+        for raw in chunk[:end].split(b"\n"):
+            try:
+                data = json.loads(raw) if raw.strip() else None
+                if data and data != _TORN_MARKER:
+                    out.append(TuningRecord.from_dict(data))
+            except (ValueError, TypeError):
+                continue  # records() reports these; following only needs the good ones
+        return out
 
     def append(self, record: TuningRecord) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
