@@ -75,6 +75,7 @@ class TuneConfig:
     model_measure: int = 4
     finalists: int = 3
     final_repeat: int = 15
+    final_rounds: int = 3
     min_gain: float = 0.02
     time_groups: bool = True
     finalize: bool = True
@@ -413,31 +414,63 @@ class Tuner:
         finalists = [plans[k] for k in keys if k in plans]
         if default.key not in [p.key for p in finalists]:
             finalists.append(default)
-        base = getattr(self.measurer, "config", MeasureConfig())
-        final_cfg = replace(base, repeat=max(base.repeat, self.cfg.final_repeat))
-        final: dict[str, Measurement] = {}
-        for plan in finalists:
-            final[plan.key] = self.measure(plan, "finalist", config=final_cfg)
-        good = {k: m for k, m in final.items() if m.ok}
+        good, noise, final_cfg = self._measure_rounds(finalists)
         if not good:
-            m = final[default.key]
-            return self._result(default, m, default, "no finalist measured correctly", final.get(default.key))
+            dm = self.measured.get(default.key) or Measurement(default.key, "runtime_error", error="no finalist ran")
+            return self._result(default, dm, default, "no finalist measured correctly", None)
         winner_key = min(good, key=lambda k: good[k].median_s or 0.0)
         dm = good.get(default.key)
         winner, reason = plans.get(winner_key, default), "fastest finalist"
         if winner_key != default.key and dm is not None:
             gain = (dm.median_s - good[winner_key].median_s) / dm.median_s  # type: ignore[operator]
-            noise = max(good[winner_key].spread or 0.0, dm.spread or 0.0)
-            if gain <= max(self.cfg.min_gain, noise):
+            bar = max(self.cfg.min_gain, noise[winner_key], noise[default.key])
+            if gain <= bar:
                 winner, reason = default, (
-                    f"best found was {gain:+.1%} vs tvm_default, within noise {noise:.1%} / "
-                    f"min gain {self.cfg.min_gain:.0%}: kept tvm_default"
+                    f"best found was {gain:+.1%} vs tvm_default, not above the noise "
+                    f"({max(noise[winner_key], noise[default.key]):.1%}) and min gain "
+                    f"({self.cfg.min_gain:.0%}): kept tvm_default"
                 )
             else:
-                reason = f"{gain:.1%} faster than tvm_default (noise {noise:.1%})"
-        wm = good.get(winner.key) or final[winner.key]
+                reason = f"{gain:.1%} faster than tvm_default (round-to-round noise {bar:.1%})"
+        wm = good[winner.key] if winner.key in good else self.measured[winner.key]
         self.log.append(self._record(winner, wm, "best", None, None, final_cfg))
         return self._result(winner, wm, default, reason, dm)
+
+    def _measure_rounds(
+        self, plans: list[FusionPlan]
+    ) -> tuple[dict[str, Measurement], dict[str, float], MeasureConfig]:
+        """Measure `plans` in interleaved rounds (order rotated each round).
+
+        Returns the measurements with all rounds' samples pooled, and each plan's noise: the
+        spread of its per-round medians (between-run drift, which the spread within one
+        measurement does not show), or its sample spread if that is larger.
+        """
+        rounds = max(1, self.cfg.final_rounds)
+        base = getattr(self.measurer, "config", MeasureConfig())
+        cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
+        samples: dict[str, list[float]] = {p.key: [] for p in plans}
+        medians: dict[str, list[float]] = {p.key: [] for p in plans}
+        last: dict[str, Measurement] = {}
+        for r in range(rounds):
+            for plan in plans[r % len(plans) :] + plans[: r % len(plans)]:
+                if plan.key in last and not last[plan.key].ok:
+                    continue  # failed once: out
+                m = self.measure(plan, "finalist", config=cfg)
+                last[plan.key] = m
+                if m.ok:
+                    samples[plan.key].extend(m.latencies_s)
+                    medians[plan.key].append(m.median_s or 0.0)
+        good = {
+            k: replace(last[k], latencies_s=tuple(samples[k]))
+            for k in samples
+            if k in last and last[k].ok and samples[k]
+        }
+        noise = {}
+        for k, m in good.items():
+            meds = medians[k]
+            drift = (max(meds) - min(meds)) / (m.median_s or 1.0) if len(meds) > 1 else 0.0
+            noise[k] = max(drift, m.spread or 0.0)
+        return good, noise, replace(cfg, repeat=cfg.repeat * rounds)
 
     def _known_plans(self) -> list[FusionPlan]:
         plans = {p.key: p for p in self.seeds()}

@@ -9,8 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.autofuse-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test]"
+    echo "autofuse: installing into .venv (first run only; log in .venv/install.log)" >&2
+    if ! { .venv/bin/python -m pip install --upgrade pip &&
+           .venv/bin/python -m pip install -e ".[test]"; } > .venv/install.log 2>&1; then
+        tail -n 30 .venv/install.log >&2
+        exit 1
+    fi
     touch "$stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"

@@ -29,8 +29,10 @@ def test_search_finds_known_best(small, tmp_path):
     assert result.best == best
     assert result.replaced_default
     # every distinct plan was measured at most once during the search
-    search_calls = fake.calls[: len(fake.calls) - cfg.finalists - 1]
-    assert len(search_calls) == len(set(search_calls))
+    searched = [r.plan_key for r in TuningLog(tmp_path).records() if r.role in ("seed", "search")]
+    assert len(searched) == len(set(searched)) > 10
+    finals = [r for r in TuningLog(tmp_path).records() if r.role == "finalist"]
+    assert len(finals) in (cfg.final_rounds * cfg.finalists, cfg.final_rounds * (cfg.finalists + 1))
     assert result.summary["latency_s"]["best"] == pytest.approx(fake.latency_s(best))
 
 
@@ -67,7 +69,7 @@ def test_model_strategy_uses_earlier_logs(transformer, tmp_path):
     assert result.best_measurement.ok
     assert fake.latency_s(result.best) <= fake.latency_s(transformer.tvm_default())
     # with the cost model trained on the log, only the top few candidates were measured
-    assert result.measured <= 3 + 2 + 4 + 1
+    assert result.measured <= 3 + 2 + 1 + 3 * 4
 
 
 def test_cost_model_screens_and_ranks(transformer, tmp_path):
