@@ -40,6 +40,7 @@ from autofuse.space import SearchSpace
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import TuningRecord
 from autofuse.tuning_log import device_fingerprint
+from autofuse.worker import tolerance
 from autofuse.workload import Workload
 
 STRATEGIES = ("rules", "search", "model")
@@ -253,7 +254,11 @@ class Tuner:
             metrics=plan_metrics(self.w.graph, plan).to_dict(),
             groups=groups,
             predicted_s=predicted,
-            protocol=asdict(config or getattr(self.measurer, "config", MeasureConfig())),
+            protocol={
+                **asdict(config or getattr(self.measurer, "config", MeasureConfig())),
+                "reference": "unfused plan, same target, same random inputs",
+                "tolerances": {dt: list(tolerance(dt)) for dt in sorted({n.dtype for n in self.w.graph.nodes})},
+            },
             role=role,
             trial=trial,
             study=self.study_name if self.cfg.strategy == "search" else None,
@@ -508,7 +513,8 @@ class Tuner:
             kendall_tau=tau,
             study=self.study_name if self.cfg.strategy == "search" else None,
         )
-        res.summary = summarize(self.w, res, self.model, len(self.predictions))
+        sum_error = sum_of_groups_error(self.model, self.overhead_pairs)
+        res.summary = summarize(self.w, res, self.model, len(self.predictions), sum_error)
         self.model.save(self.log.dir / f"cost_model-{self.target.replace(':', '_')}-{self.scheduler}.json")
         return res
 
@@ -523,7 +529,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def summarize(w: Workload, res: TuneResult, model: XGBCostModel, n_pred: int) -> dict[str, Any]:
+def sum_of_groups_error(model: XGBCostModel, pairs: list[tuple[float, float, int]]) -> float | None:
+    """Median relative error of (sum of measured kernel times + overhead) vs whole-plan latency."""
+    errors = [abs(s + model.overhead_s * k - m) / m for m, s, k in pairs if m > 0]
+    return float(np.median(errors)) if errors else None
+
+
+def summarize(
+    w: Workload, res: TuneResult, model: XGBCostModel, n_pred: int, sum_error: float | None = None
+) -> dict[str, Any]:
     def lat(m: Measurement | None) -> float | None:
         return m.median_s if m is not None and m.ok else None
 
@@ -546,7 +560,7 @@ def summarize(w: Workload, res: TuneResult, model: XGBCostModel, n_pred: int) ->
         "cache_hits": res.cached,
         "wall_s": res.wall_s,
         "cost_model": {"kernels_learned": len(model.samples), "kendall_tau": res.kendall_tau, "tau_pairs": n_pred,
-                       "overhead_s": model.overhead_s},
+                       "overhead_s": model.overhead_s, "sum_of_groups_error": sum_error},
     }
     b, d = out["latency_s"]["best"], out["latency_s"]["tvm_default"]
     out["speedup_vs_tvm_default"] = d / b if b and d else None

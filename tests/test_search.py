@@ -80,3 +80,26 @@ def test_cost_model_screens_and_ranks(transformer, tmp_path):
     tau = result.kendall_tau
     assert tau is not None and tau > 0.3, tau
     assert (tmp_path / "cost_model-llvm-none.json").exists()
+
+
+def test_sqlite_storage_and_resume(small, tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    fake = FakeMeasurer(small.graph)
+    Tuner(small, "llvm", fake, TuningLog(tmp_path), TuneConfig(trials=6, finalize=False), storage=url).run()
+    first = len(fake.calls)
+    fake2 = FakeMeasurer(small.graph)
+    Tuner(small, "llvm", fake2, TuningLog(tmp_path), TuneConfig(trials=10, finalize=False), storage=url).run()
+    import optuna
+
+    study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 10 and first >= 6
+    assert not set(fake2.calls) & set(fake.calls)  # resumed: nothing measured again
+
+
+def test_log_records_protocol_and_versions(small, tmp_path):
+    Tuner(small, "llvm", FakeMeasurer(small.graph), TuningLog(tmp_path), TuneConfig(trials=3)).run()
+    rec = TuningLog(tmp_path).records()[0]
+    assert rec.protocol["tolerances"]["float32"] == [1e-4, 1e-5]
+    assert rec.versions["tvm"] and rec.device and rec.study and rec.trial == 0
+    assert rec.groups and all("features" in g for g in rec.groups)
