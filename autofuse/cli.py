@@ -109,6 +109,7 @@ def tune(
     from autofuse.search import STRATEGIES
     from autofuse.search import TuneConfig
     from autofuse.search import Tuner
+    from autofuse.space import SearchSpace
     from autofuse.space import load_limits
     from autofuse.tuning_log import TuningLog
 
@@ -133,7 +134,7 @@ def tune(
         make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "
-                      f"{len(make(replace_cfg(config, finalize=False)).space)} fusion decisions, strategy {strategy}")
+                      f"{len(SearchSpace(w.graph, limits))} fusion decisions, strategy {strategy}")
         result = _with_progress(make(config), trials, as_json)
         for child in children:
             child.wait()
@@ -145,28 +146,15 @@ def tune(
         _print_summary(result.summary)
 
 
-def replace_cfg(config: Any, **changes: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(config, **changes)
-
-
 def _spawn_workers(n: int, storage: str | None, log_dir: Path) -> list[subprocess.Popen[bytes]]:
     if n <= 0:
         return []
-    argv = [a for a in sys.argv[1:]]
-    args = []
-    skip = False
-    for a in argv:  # same command line, one worker each, no final decision
-        if skip:
-            skip = False
-            continue
-        if a == "--workers":
-            skip = True
-            continue
-        if a.startswith("--workers="):
-            continue
-        args.append(a)
+    # the same command line, minus --workers: one search-only worker each
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if not skip and a != "--workers" and not a.startswith("--workers="):
+            args.append(a)
+        skip = a == "--workers"
     cmd = [sys.executable, "-m", "autofuse.cli", *args, "--workers", "1", "--no-finalize", "--json"]
     return [subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for _ in range(n)]
 

@@ -16,12 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 from multiprocessing.connection import Connection
 from typing import Any
-from collections.abc import Collection
 
 from autofuse.build import MeasureConfig
 from autofuse.plan import FusionLimits
