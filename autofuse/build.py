@@ -1,8 +1,8 @@
-"""Compile a fused Relax module and run it: targets, the post-fusion pipeline, timing.
+"""Schedule, compile and run a fused Relax module: targets, schedulers, lowering, timing.
 
 The pipeline here is TVM's default one minus what `tvm_bridge.normalize` and `apply.apply_plan`
 already did (legalize, FuseOps, FuseTIR): running FuseOps again would re-fuse our groups.
-On CUDA every kernel gets DLight's default GPU schedules, as in TVM's own CUDA pipeline.
+Kernels are scheduled first (`schedule`), then lowered to the Relax VM.
 """
 
 from __future__ import annotations
@@ -47,36 +47,81 @@ def target_name(target: tvm.target.Target) -> str:
     return str(target.kind.name)
 
 
-def _post_fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    if target.kind.name == "cuda":
-        from tvm.relax.backend.cuda import pipeline as backend
+SCHEDULERS = ("none", "rules", "metaschedule", "dlight")
+
+
+def default_scheduler(target: tvm.target.Target) -> str:
+    return "dlight" if target.kind.name == "cuda" else "rules"
+
+
+def schedule(
+    fused: tvm.IRModule,
+    target: tvm.target.Target,
+    scheduler: str,
+    database: str | None = None,
+) -> tvm.IRModule:
+    """Give every kernel of a fused module a schedule.
+
+    - none: as TVM's default CPU pipeline does (serial loop nests);
+    - rules: autofuse's rule-based CPU schedule (schedule.py), milliseconds per kernel;
+    - metaschedule: kernels found in the MetaSchedule `database` (a work dir) get their tuned
+      schedule, the rest the rule-based one;
+    - dlight: DLight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), as TVM's
+      own CUDA pipeline.
+    """
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose from {SCHEDULERS}")
+    passes: list[tvm.transform.Pass] = []
+    if scheduler == "dlight" or target.kind.name == "cuda":
         from tvm.s_tir import dlight as dl
 
-        schedule = [
+        passes.append(
             dl.ApplyDefaultSchedule(
-                dl.gpu.Matmul(),
-                dl.gpu.GEMV(),
-                dl.gpu.Reduction(),
-                dl.gpu.GeneralReduction(),
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
                 dl.gpu.Fallback(),
             )
-        ]
+        )
+    elif scheduler in ("rules", "metaschedule"):
+        from autofuse.schedule import ScheduleCPU
+
+        if scheduler == "metaschedule" and database:
+            passes.append(relax.transform.MetaScheduleApplyDatabase(database))
+        passes.append(ScheduleCPU())
+    if not passes:
+        return fused
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(fused)
+
+
+def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    if target.kind.name == "cuda":
+        from tvm.relax.backend.cuda import pipeline as backend
     else:
         from tvm.relax.backend.cpu_generic import pipeline as backend  # type: ignore[no-redef]
-
-        schedule = []
-    return schedule + backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+    return backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
 
 
-def build(fused: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
-    """Compile an already fused module (output of apply.apply_plan) for `target`."""
+def build(
+    fused: tvm.IRModule,
+    target: tvm.target.Target,
+    scheduler: str | None = None,
+    database: str | None = None,
+) -> tvm.runtime.Executable:
+    """Schedule (see `schedule`) and compile an already fused module (apply.apply_plan's output).
 
-    @tvm.transform.module_pass(opt_level=0, name="AutofusePostFusion")
+    `scheduler` None means the target's default: rules on the CPU, DLight on CUDA.
+    """
+    scheduled = schedule(fused, target, scheduler or default_scheduler(target), database)
+    return compile_scheduled(scheduled, target)
+
+
+def compile_scheduled(scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
+    @tvm.transform.module_pass(opt_level=0, name="AutofuseLowering")
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(_post_fusion_passes(target))(mod)
+            return tvm.transform.Sequential(_lowering_passes(target))(mod)
 
-    return tvm.compile(fused, target=target, relax_pipeline=pipeline)
+    return tvm.compile(scheduled, target=target, relax_pipeline=pipeline)
 
 
 def device_for(target: tvm.target.Target) -> tvm.runtime.Device:

@@ -66,6 +66,16 @@ def _check_target(target: str) -> None:
     make_target(target)
 
 
+def _scheduler(target: str, scheduler: str | None) -> str:
+    from autofuse.build import SCHEDULERS
+    from autofuse.build import default_scheduler
+    from autofuse.build import make_target
+
+    if scheduler is not None and scheduler not in SCHEDULERS:
+        raise UserError(f"unknown scheduler {scheduler!r}; choose from {', '.join(SCHEDULERS)}")
+    return scheduler or default_scheduler(make_target(target))
+
+
 def _run(fn: Any) -> Any:
     """Call fn, turning the library's user-facing errors into one-line exits."""
     from autofuse.deploy import PlanNotFound
@@ -97,6 +107,7 @@ def tune(
     seed: int = 0,
     workers: Annotated[int, typer.Option(help="Processes sharing one study.")] = 1,
     strategy: Annotated[str, typer.Option(help="rules | search | model")] = "search",
+    scheduler: Annotated[Optional[str], typer.Option(help="none | rules | dlight (default: rules on CPU, dlight on CUDA).")] = None,
     repeat: Annotated[int, typer.Option(help="Timed samples per measurement.")] = 7,
     timeout: Annotated[float, typer.Option(help="Seconds per plan build+run before it is a timeout.")] = 300.0,
     min_gain: Annotated[float, typer.Option(help="Minimum gain over tvm_default to replace it.")] = 0.02,
@@ -127,10 +138,12 @@ def tune(
         min_gain=min_gain, finalize=finalize and workers <= 1,
     )
     build_only = target.startswith("cuda")
-    scheduler = "dlight" if build_only else "none"
+    scheduler = _run(lambda: _scheduler(target, scheduler))
     children = _spawn_workers(workers - 1, storage, log_dir) if strategy == "search" else []
     measure_cfg = MeasureConfig(repeat=repeat, timeout_s=timeout)
-    with IsolatedMeasurer(w, target=target, config=measure_cfg, limits=limits, build_only=build_only) as m:
+    database = str(log_dir / "metaschedule")
+    with IsolatedMeasurer(w, target=target, config=measure_cfg, limits=limits, build_only=build_only,
+                          scheduler=scheduler, database=database) as m:
         make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "
@@ -304,7 +317,10 @@ def bench(
         warnings.simplefilter("ignore")
         chosen = _run(lambda: deploy.choose_plan(w.key, w.graph, w.tvm_default(), log_dir, target, False, w.name))
     rows: list[dict[str, Any]] = []
-    with IsolatedMeasurer(w, target=target, config=MeasureConfig(repeat=repeat)) as m:
+    scheduler = chosen.scheduler or _scheduler(target, None)
+    database = str(log_dir / "metaschedule")
+    with IsolatedMeasurer(w, target=target, config=MeasureConfig(repeat=repeat), scheduler=scheduler,
+                          database=database) as m:
         for label, plan in (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan)):
             r = m.measure(plan)
             pm = plan_metrics(w.graph, plan)
@@ -316,11 +332,11 @@ def bench(
         med, spread = median_and_spread(samples)
         rows.append({"name": "onnxruntime", "status": "ok", "median_s": med, "spread": spread})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
-              "threads": os.cpu_count()}
+              "threads": os.cpu_count(), "scheduler": scheduler}
     if as_json:
         print(json.dumps(result, indent=1))
         return
-    table = Table(title=f"{w.name} on {target} ({chosen.note})")
+    table = Table(title=f"{w.name} on {target}, {scheduler} schedules for all TVM rows ({chosen.note})")
     for col in ("", "latency", "±IQR/2", "vs tvm_default", "kernels", "status"):
         table.add_column(col, justify="left" if col in ("", "status") else "right")
     base = next((r["median_s"] for r in rows if r["name"] == "tvm_default"), None)

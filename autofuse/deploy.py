@@ -35,12 +35,16 @@ class PlanNotFound(ValueError):
     """
 
 
+MS_DATABASE = "metaschedule"  # MetaSchedule work dir inside a log directory
+
+
 @dataclass(frozen=True)
 class ChosenPlan:
     plan: FusionPlan
     source: str  # "log" or "fallback"
     note: str
     latency_s: float | None = None
+    scheduler: str | None = None  # the scheduler the plan was measured with (None: default)
 
 
 def choose_plan(
@@ -75,7 +79,8 @@ def choose_plan(
             validate(graph, plan)  # type: ignore[arg-type]
         except IllegalPlanError as err:
             raise LogError(f"{log.path}: cached plan {plan.key} does not fit this model: {err}") from None
-        return ChosenPlan(plan, "log", f"cached plan {plan.key} ({best.role})", best.median_s)
+        note = f"cached plan {plan.key} ({best.role}, {best.scheduler} schedules)"
+        return ChosenPlan(plan, "log", note, best.median_s, best.scheduler)
     msg = f"no valid tuned plan for {model_name} on {target} in {log.path}"
     if strict:
         raise PlanNotFound(msg)
@@ -91,7 +96,8 @@ def fused_module(w: Workload, target: str, log_dir: str | Path, strict: bool = F
 def build(w: Workload, target: str, log_dir: str | Path, strict: bool = False) -> tuple[tvm.runtime.Executable, ChosenPlan]:
     """Compile a workload with its cached best plan (TVM's default plan if none)."""
     fused, chosen = fused_module(w, target, log_dir, strict)
-    return builder.build(fused, builder.make_target(target)), chosen
+    database = str(Path(log_dir) / MS_DATABASE)
+    return builder.build(fused, builder.make_target(target), chosen.scheduler, database), chosen
 
 
 def export_library(w: Workload, target: str, log_dir: str | Path, out: str | Path, strict: bool = False) -> ChosenPlan:
@@ -106,6 +112,9 @@ def export_library(w: Workload, target: str, log_dir: str | Path, out: str | Pat
 @tvm.transform.module_pass(opt_level=0, name="AutofuseFusion")
 class AutofuseFusion:
     """Apply the cached fusion plan in place of FuseOps + FuseTIR.
+
+    Kernels are left unscheduled, as FuseTIR leaves them: schedule them in your pipeline as you
+    would after FuseTIR (or use `build`, which applies the scheduler the plan was tuned with).
 
     Args:
         log_dir: tuning log directory.

@@ -98,6 +98,8 @@ class IsolatedMeasurer:
         limits: legality limits checked before anything is built.
         build_only: compile but do not run (CUDA without a GPU).
         threads: TVM worker threads (0: TVM's default, all cores).
+        scheduler: how kernels are scheduled (build.SCHEDULERS; None: the target's default).
+        database: MetaSchedule work dir, for scheduler 'metaschedule'.
     """
 
     workload: Workload
@@ -106,6 +108,8 @@ class IsolatedMeasurer:
     limits: FusionLimits = field(default_factory=FusionLimits)
     build_only: bool = False
     threads: int = 0
+    scheduler: str | None = None
+    database: str | None = None
     _worker: _Worker | None = None
     _module_path: str | None = None
 
@@ -135,6 +139,8 @@ class IsolatedMeasurer:
             "build_only": self.build_only,
             "time_groups": time_groups,
             "known_kernels": sorted(known_kernels),
+            "scheduler": self.scheduler,
+            "database": self.database,
         }
         result = self._exchange(request, config.timeout_s)
         return Measurement(

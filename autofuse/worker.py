@@ -54,7 +54,10 @@ class _Session:
         self.feeds = random_inputs(self.specs, seed=0)
         self.reference: dict[str, list[np.ndarray]] = {}
 
-    def compile(self, groups: list[list[int]], target_spec: str) -> tuple[Any, Any, Any, list[str]]:
+    def compile(
+        self, groups: list[list[int]], target_spec: str, scheduler: str | None = None, database: str | None = None
+    ) -> tuple[Any, Any, Any, Any, list[str]]:
+        """Returns (executable, target, fused module, scheduled module, kernel name per group)."""
         from autofuse import apply
         from autofuse import build
         from autofuse.plan import FusionLimits
@@ -64,13 +67,15 @@ class _Session:
         plan = FusionPlan.from_groups(groups)
         # legality was checked by the parent under the user's limits; here only build it
         fused, kernels = apply.fuse(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
-        return build.build(fused, target), target, fused, kernels
+        scheduled = build.schedule(fused, target, scheduler or build.default_scheduler(target), database)
+        return build.compile_scheduled(scheduled, target), target, fused, scheduled, kernels
 
     def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
         from autofuse import build
 
         if target_spec not in self.reference:
-            ex, target, _, _ = self.compile([[n] for n in range(len(self.graph))], target_spec)
+            # the reference is the unfused model with TVM's plain loop nests: no schedule to trust
+            ex, target, _, _, _ = self.compile([[n] for n in range(len(self.graph))], target_spec, "none")
             self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
         return self.reference[target_spec]
 
@@ -82,7 +87,9 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
     try:
-        ex, target, fused, kernels = session.compile(req["groups"], req["target"])
+        ex, target, fused, scheduled, kernels = session.compile(
+            req["groups"], req["target"], req.get("scheduler"), req.get("database")
+        )
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
     out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
@@ -105,14 +112,15 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         out.update(status="runtime_error", error=_short(err))
         return out
     if req.get("time_groups"):
-        out["kernel_latencies_s"] = _time_new_kernels(fused, kernels, out["kernels"], target, req)
+        out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
     return out
 
 
 def _time_new_kernels(
-    fused: Any, names: list[str], hashes: list[str], target: Any, req: dict[str, Any]
+    scheduled: Any, names: list[str], hashes: list[str], target: Any, req: dict[str, Any]
 ) -> dict[str, float]:
-    """Time the plan's kernels not yet known to the parent (keyed by kernel hash)."""
+    """Time the plan's scheduled kernels not yet known to the parent (keyed by the hash of the
+    unscheduled kernel: the group's identity; the scheduler is recorded beside it)."""
     from autofuse import build
 
     known = set(req.get("known_kernels", ()))
@@ -121,7 +129,7 @@ def _time_new_kernels(
         return {}
     cfg = build.MeasureConfig(number=3, repeat=5, min_repeat_ms=5)
     try:
-        by_name = build.time_kernels(fused, list(todo.values()), target, cfg)
+        by_name = build.time_kernels(scheduled, list(todo.values()), target, cfg)
     except Exception:  # kernel timing is only cost-model data; the plan itself measured fine
         return {}
     return {h: by_name[n] for h, n in todo.items()}
