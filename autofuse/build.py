@@ -71,26 +71,29 @@ def schedule(
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose from {SCHEDULERS}")
-    passes: list[tvm.transform.Pass] = []
+    with target, tvm.transform.PassContext(opt_level=3):  # some passes read the target on creation
+        passes = _schedule_passes(target, scheduler, database)
+        return tvm.transform.Sequential(passes)(fused) if passes else fused
+
+
+def _schedule_passes(target: tvm.target.Target, scheduler: str, database: str | None) -> list[tvm.transform.Pass]:
     if scheduler == "dlight" or target.kind.name == "cuda":
         from tvm.s_tir import dlight as dl
 
-        passes.append(
+        return [
             dl.ApplyDefaultSchedule(
                 dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
                 dl.gpu.Fallback(),
             )
-        )
-    elif scheduler in ("rules", "metaschedule"):
-        from autofuse.schedule import ScheduleCPU
+        ]
+    if scheduler == "none":
+        return []
+    from autofuse.schedule import ScheduleCPU
 
-        if scheduler == "metaschedule" and database:
-            passes.append(relax.transform.MetaScheduleApplyDatabase(database))
-        passes.append(ScheduleCPU())
-    if not passes:
-        return fused
-    with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(passes)(fused)
+    passes: list[tvm.transform.Pass] = []
+    if scheduler == "metaschedule" and database and os.path.exists(os.path.join(database, "database_workload.json")):
+        passes.append(relax.transform.MetaScheduleApplyDatabase(database))
+    return passes + [ScheduleCPU()]
 
 
 def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -206,3 +209,32 @@ def time_kernels(
         )
         out[name] = float(np.median(timer(*args).results))
     return out
+
+
+def tune_kernels(
+    fused: tvm.IRModule, target: tvm.target.Target, work_dir: str, trials_per_kernel: int, seed: int = 0
+) -> int:
+    """MetaSchedule-tune the kernels of a fused module that the database in `work_dir` does not
+    know yet; returns how many were tuned. Records are keyed by the kernel's structural hash, so
+    kernels shared by several plans or models are tuned once."""
+    from tvm.s_tir import meta_schedule as ms
+
+    tasks = ms.relax_integration.extract_tasks(fused, target)
+    os.makedirs(work_dir, exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=work_dir)
+    new = [t for t in tasks if db.query_tuning_record(t.dispatched[0], target, t.task_name) is None]
+    if not new:
+        return 0
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        extracted_tasks=new, work_dir=work_dir, seed=seed
+    )
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=work_dir,
+        max_trials_global=trials_per_kernel * len(new),
+        max_trials_per_task=trials_per_kernel,
+        num_trials_per_iter=min(64, trials_per_kernel),
+        database=db,
+    )
+    return len(new)

@@ -112,6 +112,8 @@ def tune(
     timeout: Annotated[float, typer.Option(help="Seconds per plan build+run before it is a timeout.")] = 300.0,
     min_gain: Annotated[float, typer.Option(help="Minimum gain over tvm_default to replace it.")] = 0.02,
     finalize: Annotated[bool, typer.Option(help="Re-measure finalists and log the decision.")] = True,
+    kernel_trials: Annotated[int, typer.Option(help="MetaSchedule trials per kernel for the finalists (0: off).")] = 0,
+    kernel_plans: Annotated[int, typer.Option(help="Finalists besides tvm_default whose kernels are tuned.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Tune the fusion plan of MODEL on TARGET; results are appended to the tuning log."""
@@ -133,11 +135,12 @@ def tune(
     _run(log.records)  # a corrupt log is reported before any work
     for warning in log.warnings:
         err.print(f"autofuse: warning: {warning}")
+    build_only = target.startswith("cuda")
     config = TuneConfig(
         strategy=strategy, trials=trials, time_budget_s=time_budget, patience=patience, seed=seed,
-        min_gain=min_gain, finalize=finalize and workers <= 1,
+        min_gain=min_gain, finalize=finalize and workers <= 1, kernel_trials=0 if build_only else kernel_trials,
+        kernel_plans=kernel_plans,
     )
-    build_only = target.startswith("cuda")
     scheduler = _run(lambda: _scheduler(target, scheduler))
     children = _spawn_workers(workers - 1, storage, log_dir) if strategy == "search" else []
     measure_cfg = MeasureConfig(repeat=repeat, timeout_s=timeout)
@@ -188,6 +191,11 @@ def _with_progress(tuner: Any, trials: int, quiet: bool) -> Any:
         task = bar.add_task("tuning", total=trials, best="")
 
         def on_event(event: dict[str, Any]) -> None:
+            if event["event"] == "tuning_kernels":
+                bar.update(task, description=f"MetaSchedule {event['plan'].key}")
+                return
+            if event["event"] != "measured":
+                return
             m = event["measurement"]
             if event["role"] in ("finalist", "best"):
                 bar.update(task, description="final")

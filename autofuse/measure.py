@@ -119,12 +119,14 @@ class IsolatedMeasurer:
         config: MeasureConfig | None = None,
         time_groups: bool = False,
         known_kernels: Collection[str] = (),
+        scheduler: str | None = None,
     ) -> Measurement:
         """Build, check and time `plan`.
 
         Args:
             config: overrides the measurer's timing protocol (e.g. more repeats for finalists).
             time_groups: also time each kernel alone (cost-model data), except `known_kernels`.
+            scheduler: overrides the measurer's scheduler for this plan.
         """
         start = time.perf_counter()
         config = config or self.config
@@ -139,7 +141,7 @@ class IsolatedMeasurer:
             "build_only": self.build_only,
             "time_groups": time_groups,
             "known_kernels": sorted(known_kernels),
-            "scheduler": self.scheduler,
+            "scheduler": scheduler or self.scheduler,
             "database": self.database,
         }
         result = self._exchange(request, config.timeout_s)
@@ -151,6 +153,14 @@ class IsolatedMeasurer:
             wall_s=time.perf_counter() - start,
             **result,
         )
+
+    def tune_kernels(self, plan: FusionPlan, trials: int, seed: int = 0, timeout_s: float = 3600.0) -> dict[str, Any]:
+        """MetaSchedule-tune the plan's kernels into `self.database` (in the worker process)."""
+        if not self.database:
+            return {"status": "build_error", "error": "no MetaSchedule database directory set"}
+        request = {"op": "tune_kernels", "groups": [list(g) for g in plan.groups], "target": self.target,
+                   "database": self.database, "trials": trials, "seed": seed}
+        return self._exchange(request, timeout_s)
 
     def _exchange(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         worker = self._ensure_worker()
@@ -196,6 +206,7 @@ class IsolatedMeasurer:
             pass_fds=[theirs.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # TVM and MetaSchedule print progress there
         )
         theirs.close()
         parent = Connection(ours.detach())

@@ -53,6 +53,7 @@ class Measurer(Protocol):
         config: MeasureConfig | None = None,
         time_groups: bool = False,
         known_kernels: Any = (),
+        scheduler: str | None = None,
     ) -> Measurement: ...
 
 
@@ -77,6 +78,8 @@ class TuneConfig:
     finalists: int = 3
     final_repeat: int = 15
     final_rounds: int = 3
+    kernel_trials: int = 0  # MetaSchedule trials per kernel for the finalists (0: off)
+    kernel_plans: int = 2  # finalists (besides tvm_default) whose kernels get tuned
     min_gain: float = 0.02
     time_groups: bool = True
     finalize: bool = True
@@ -159,6 +162,7 @@ class Tuner:
         self.overhead_pairs: list[tuple[float, float, int]] = []
         self.counts = {"measured": 0, "screened": 0, "cached": 0}
         self.best_s: float | None = None
+        self.rank_agreement: float | None = None
         self.started = time.perf_counter()
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
@@ -209,21 +213,32 @@ class Tuner:
         return self.kernel_s.get(kernel) if kernel else None
 
     def measure(
-        self, plan: FusionPlan, role: str, trial: int | None = None, config: MeasureConfig | None = None
+        self,
+        plan: FusionPlan,
+        role: str,
+        trial: int | None = None,
+        config: MeasureConfig | None = None,
+        scheduler: str | None = None,
     ) -> Measurement:
-        predicted = self.predict(plan)
-        m = self.measurer.measure(
-            plan, config=config, time_groups=self.cfg.time_groups, known_kernels=set(self.kernel_s)
-        )
+        """Measure and log one plan (under `scheduler`, by default the tuner's own)."""
+        scheduler = scheduler or self.scheduler
+        own = scheduler == self.scheduler
+        predicted = self.predict(plan) if own else None
+        if own:
+            m = self.measurer.measure(
+                plan, config=config, time_groups=self.cfg.time_groups, known_kernels=set(self.kernel_s)
+            )
+        else:
+            m = self.measurer.measure(plan, config=config, scheduler=scheduler)
         self.counts["measured"] += 1
-        rec = self._record(plan, m, role, trial, predicted, config)
+        rec = self._record(plan, m, role, trial, predicted, config, scheduler)
         self.log.append(rec)
         self._load_history()  # learns our record, and any other worker's appended meanwhile
         if role in ("seed", "search", "model"):
             self.measured[plan.key] = m
         if m.ok and predicted is not None and role == "search":
             self.predictions.append((predicted, m.median_s or 0.0))
-        if m.ok and (self.best_s is None or (m.median_s or 0) < self.best_s):
+        if own and m.ok and (self.best_s is None or (m.median_s or 0) < self.best_s):
             self.best_s = m.median_s
         self.model.fit()
         self.model.fit_overhead(self.overhead_pairs)
@@ -238,6 +253,7 @@ class Tuner:
         trial: int | None,
         predicted: float | None,
         config: MeasureConfig | None,
+        scheduler: str | None = None,
     ) -> TuningRecord:
         feats = self._features(plan)
         groups = [
@@ -248,7 +264,7 @@ class Tuner:
             model_key=self.w.key,
             model_name=self.w.name,
             target=self.target,
-            scheduler=self.scheduler,
+            scheduler=scheduler or self.scheduler,
             plan=plan.to_dict(),
             measurement=m.to_dict(),
             metrics=plan_metrics(self.w.graph, plan).to_dict(),
@@ -409,40 +425,82 @@ class Tuner:
     # --- final decision -----------------------------------------------------------------------
 
     def finalize(self) -> TuneResult:
-        """Re-measure the finalists next to tvm_default; keep tvm_default unless clearly beaten."""
+        """Re-measure the finalists next to tvm_default; keep tvm_default unless clearly beaten.
+
+        With `kernel_trials`, the best plans and tvm_default then get MetaSchedule-tuned kernels
+        and the decision is made again, on tuned kernels for all of them.
+        """
         default = self.w.tvm_default()
-        ok = sorted(
-            ((k, m) for k, m in self.measured.items() if m.ok and m.median_s), key=lambda km: km[1].median_s or 0.0
-        )
-        keys = [k for k, _ in ok[: self.cfg.finalists]]
         plans = {p.key: p for p in self._known_plans()}
-        finalists = [plans[k] for k in keys if k in plans]
+        finalists = [plans[k] for k in self._fastest(self.cfg.finalists) if k in plans]
         if default.key not in [p.key for p in finalists]:
             finalists.append(default)
-        good, noise, final_cfg = self._measure_rounds(finalists)
+        good, noise, final_cfg = self._measure_rounds(finalists, self.scheduler)
         if not good:
             dm = self.measured.get(default.key) or Measurement(default.key, "runtime_error", error="no finalist ran")
             return self._result(default, dm, default, "no finalist measured correctly", None)
+        winner, reason = self._decide(good, noise, default, plans)
+        if self.cfg.kernel_trials > 0 and hasattr(self.measurer, "tune_kernels"):
+            return self._finalize_tuned(finalists, good, default, plans)
+        self.log.append(self._record(winner, good[winner.key], "best", None, None, final_cfg))
+        return self._result(winner, good[winner.key], default, reason, good.get(default.key))
+
+    def _fastest(self, n: int) -> list[str]:
+        ok = [(k, m.median_s) for k, m in self.measured.items() if m.ok and m.median_s]
+        return [k for k, _ in sorted(ok, key=lambda km: km[1])[:n]]
+
+    def _decide(
+        self, good: dict[str, Measurement], noise: dict[str, float], default: FusionPlan, plans: dict[str, FusionPlan]
+    ) -> tuple[FusionPlan, str]:
+        """The fastest plan, unless it beats tvm_default by no more than noise and min gain."""
         winner_key = min(good, key=lambda k: good[k].median_s or 0.0)
         dm = good.get(default.key)
-        winner, reason = plans.get(winner_key, default), "fastest finalist"
-        if winner_key != default.key and dm is not None:
-            gain = (dm.median_s - good[winner_key].median_s) / dm.median_s  # type: ignore[operator]
-            bar = max(self.cfg.min_gain, noise[winner_key], noise[default.key])
-            if gain <= bar:
-                winner, reason = default, (
-                    f"best found was {gain:+.1%} vs tvm_default, not above the noise "
-                    f"({max(noise[winner_key], noise[default.key]):.1%}) and min gain "
-                    f"({self.cfg.min_gain:.0%}): kept tvm_default"
-                )
-            else:
-                reason = f"{gain:.1%} faster than tvm_default (round-to-round noise {bar:.1%})"
-        wm = good[winner.key] if winner.key in good else self.measured[winner.key]
-        self.log.append(self._record(winner, wm, "best", None, None, final_cfg))
-        return self._result(winner, wm, default, reason, dm)
+        if winner_key == default.key or dm is None:
+            return plans.get(winner_key, default), "fastest finalist"
+        gain = (dm.median_s - good[winner_key].median_s) / dm.median_s  # type: ignore[operator]
+        drift = max(noise[winner_key], noise[default.key])
+        if gain <= max(self.cfg.min_gain, drift):
+            return default, (
+                f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
+                f"and min gain ({self.cfg.min_gain:.0%}): kept tvm_default"
+            )
+        return plans[winner_key], f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"
+
+    def _finalize_tuned(
+        self,
+        finalists: list[FusionPlan],
+        cheap: dict[str, Measurement],
+        default: FusionPlan,
+        plans: dict[str, FusionPlan],
+    ) -> TuneResult:
+        """MetaSchedule stage: tune the finalists' kernels (database shared by all plans, runs and
+        models), measure every finalist with tuned kernels and decide again."""
+        tuned = [p for p in finalists if p.key in cheap][: self.cfg.kernel_plans]
+        if default not in tuned:
+            tuned.append(default)
+        for plan in tuned:
+            if self._out_of_time():
+                break
+            self.progress({"event": "tuning_kernels", "plan": plan})
+            result = self.measurer.tune_kernels(plan, self.cfg.kernel_trials, self.cfg.seed)  # type: ignore[attr-defined]
+            self.progress({"event": "kernels_tuned", "plan": plan, "result": result})
+        good, noise, cfg = self._measure_rounds(tuned, "metaschedule")
+        if not good:
+            dm = cheap.get(default.key) or Measurement(default.key, "runtime_error", error="no finalist ran")
+            return self._result(default, dm, default, "no plan ran with tuned kernels", None)
+        winner, reason = self._decide(good, noise, default, plans)
+        self.log.append(self._record(winner, good[winner.key], "best", None, None, cfg, "metaschedule"))
+        both = [k for k in good if k in cheap]
+        self.rank_agreement = kendall_tau([cheap[k].median_s or 0.0 for k in both], [good[k].median_s or 0.0 for k in both])
+        res = self._result(winner, good[winner.key], default, f"{reason}, MetaSchedule-tuned kernels", good.get(default.key))
+        res.summary["scheduler"] = "metaschedule"
+        res.summary["cheap_vs_tuned_tau"] = self.rank_agreement
+        res.summary["cheap_schedule_latency_s"] = {k: cheap[k].median_s for k in both}
+        res.summary["tuned_latency_s"] = {k: good[k].median_s for k in both}
+        return res
 
     def _measure_rounds(
-        self, plans: list[FusionPlan]
+        self, plans: list[FusionPlan], scheduler: str
     ) -> tuple[dict[str, Measurement], dict[str, float], MeasureConfig]:
         """Measure `plans` in interleaved rounds (order rotated each round).
 
@@ -460,7 +518,7 @@ class Tuner:
             for plan in plans[r % len(plans) :] + plans[: r % len(plans)]:
                 if plan.key in last and not last[plan.key].ok:
                     continue  # failed once: out
-                m = self.measure(plan, "finalist", config=cfg)
+                m = self.measure(plan, "finalist", config=cfg, scheduler=scheduler)
                 last[plan.key] = m
                 if m.ok:
                     samples[plan.key].extend(m.latencies_s)

@@ -83,6 +83,8 @@ class _Session:
 def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
     from autofuse import build
 
+    if req.get("op") == "tune_kernels":
+        return _tune_kernels(session, req, conn)
     cfg = build.MeasureConfig(**req["config"])
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
@@ -133,6 +135,24 @@ def _time_new_kernels(
     except Exception:  # kernel timing is only cost-model data; the plan itself measured fine
         return {}
     return {h: by_name[n] for h, n in todo.items()}
+
+
+def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
+    from autofuse import apply
+    from autofuse import build
+    from autofuse.plan import FusionLimits
+    from autofuse.plan import FusionPlan
+
+    conn.send(("stage", "build"))
+    t0 = time.perf_counter()
+    try:
+        target = build.make_target(req["target"])
+        plan = FusionPlan.from_groups(req["groups"])
+        fused, _ = apply.fuse(session.mod, session.graph, plan, FusionLimits(10**6, 10**6))
+        n = build.tune_kernels(fused, target, req["database"], req["trials"], req.get("seed", 0))
+    except Exception as err:
+        return {"status": "build_error", "error": _short(err)}
+    return {"status": "ok", "tuned_kernels": n, "tuning_s": time.perf_counter() - t0}
 
 
 def _short(err: BaseException) -> str:

@@ -33,7 +33,7 @@ class FakeMeasurer:
     def latency_s(self, plan: FusionPlan) -> float:
         return sum(self.group_s(g) for g in plan.groups)
 
-    def measure(self, plan, config=None, time_groups=False, known_kernels=()):
+    def measure(self, plan, config=None, time_groups=False, known_kernels=(), scheduler=None):
         self.calls.append(plan.key)
         kernels = tuple(hashlib.sha1(repr(g).encode()).hexdigest()[:16] for g in plan.groups)
         lat = {k: self.group_s(g) for k, g in zip(kernels, plan.groups) if k not in known_kernels}
