@@ -103,3 +103,19 @@ def test_log_records_protocol_and_versions(small, tmp_path):
     assert rec.protocol["tolerances"]["float32"] == [1e-4, 1e-5]
     assert rec.versions["tvm"] and rec.device and rec.study and rec.trial == 0
     assert rec.groups and all("features" in g for g in rec.groups)
+
+
+def test_metaschedule_stage_on_real_kernels(small, tmp_path):
+    """The finalists' kernels are tuned with MetaSchedule and the decision is made again."""
+    from autofuse.build import MeasureConfig
+    from autofuse.measure import IsolatedMeasurer
+
+    cfg = TuneConfig(trials=5, kernel_trials=2, kernel_plans=0, final_rounds=1, final_repeat=3)
+    db = tmp_path / "metaschedule"
+    with IsolatedMeasurer(small, config=MeasureConfig(repeat=3, min_repeat_ms=5), database=str(db)) as m:
+        result = Tuner(small, "llvm", m, TuningLog(tmp_path), cfg, scheduler="rules").run()
+    assert result.summary["scheduler"] == "metaschedule"
+    assert (db / "database_tuning_record.json").stat().st_size > 0
+    best = TuningLog(tmp_path).best(small.key, "llvm")
+    assert best.role == "best" and best.scheduler == "metaschedule"
+    assert set(result.summary["tuned_latency_s"]) == set(result.summary["cheap_schedule_latency_s"])
