@@ -57,7 +57,7 @@ def group_bindings(
     grouper.builder_.update_func(mod.get_global_var("main"), new_main)
     node_ids = {id(b): i for i, b in enumerate(block.node_bindings)}
     names = {
-        tuple(sorted(node_ids[id(b)] for b in unit)): name
+        tuple(sorted(node_ids[id(b)] for b in unit if id(b) in node_ids)): name
         for unit, name in grouper.group_names
     }
     return grouper.builder_.get(), names
@@ -74,9 +74,15 @@ def _unit_order(block: MainBlock, plan: FusionPlan) -> list[list[relax.Binding]]
     unit_of: dict[int, int] = {}  # binding index -> unit index
     units: list[list[int]] = []
     group_unit: dict[int, int] = {}
+    var_group: dict[relax.Var, int] = {}  # results of multi-op groups
     for bi, binding in enumerate(block.bindings):
         nid = node_ids.get(id(binding))
         gi = group_of[nid] if nid is not None and len(plan.groups[group_of[nid]]) > 1 else None
+        if gi is None and isinstance(binding.value, relax.TupleGetItem):
+            # indexing a tuple-output kernel (e.g. split) of a group belongs inside that group
+            gi = var_group.get(binding.value.tuple_value)
+        if gi is not None:
+            var_group[binding.var] = gi
         if gi is not None and gi in group_unit:
             unit_of[bi] = group_unit[gi]
             units[group_unit[gi]].append(bi)
@@ -110,7 +116,7 @@ def _unit_order(block: MainBlock, plan: FusionPlan) -> list[list[relax.Binding]]
 
 
 def _group_name(members: list[relax.Binding]) -> str:
-    ops = [m.value.args[0].name_hint for m in members]
+    ops = [m.value.args[0].name_hint for m in members if not isinstance(m.value, relax.TupleGetItem)]
     name = "fused_" + "_".join(ops)
     return name if len(name) <= 64 else f"{name[:56]}_{len(ops)}ops"
 
@@ -176,11 +182,18 @@ class _Grouper(relax.PyExprMutator):  # type: ignore[misc]
         fbb = relax.BlockBuilder()
         bound: list[tuple[relax.Binding, list[relax.Expr]]] = []
         for m in members:
+            if isinstance(m.value, relax.TupleGetItem):
+                bound.append((m, []))
+                continue
             args = m.value.args[1].fields
             bound.append((m, [a if a in local else param_for(a) for a in args]))
         with fbb.function(name, ext_params, attrs={"Primitive": True}, private=True):
             with fbb.dataflow():
                 for m, args in bound:
+                    if isinstance(m.value, relax.TupleGetItem):
+                        item = relax.TupleGetItem(local[m.value.tuple_value], m.value.index)
+                        local[m.var] = fbb.emit(item, name_hint=m.var.name)
+                        continue
                     call = m.value
                     new_args = [local[a] if a in local else a for a in args]
                     rebuilt = relax.Call(

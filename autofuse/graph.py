@@ -36,8 +36,9 @@ class OpKind(IntEnum):
 class OpNode:
     """One `call_tir` binding of the main dataflow block.
 
-    `fusable` is False for kernels no group may contain with anything else (opaque kernels,
-    tuple outputs); they are always singleton groups.
+    `fusable` is False for kernels no group may contain with anything else (opaque kernels);
+    they are always singleton groups. Tuple-output kernels (split) fuse, with the indexing of
+    their results moved into the group.
     """
 
     id: int

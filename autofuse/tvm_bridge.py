@@ -197,7 +197,7 @@ def _make_node(
         flops=_flops(mod, gv, flops_cache),
         bytes_in=sum(_arg_bytes(a) for a in args),
         bytes_out=out_bytes,
-        fusable=not tuple_out and kind not in (OpKind.OPAQUE, OpKind.TUPLE),
+        fusable=kind not in (OpKind.OPAQUE, OpKind.TUPLE),
     )
 
 

@@ -115,3 +115,17 @@ def test_random_legal_plans_build_and_match(measurers, name, data):
     result = measurer.measure(plan)
     assert result.status == "ok", result.error
     assert result.max_abs_err is not None and result.max_abs_err < 1e-4
+
+
+def test_tuple_output_kernels_fuse_like_fuseops():
+    from pathlib import Path
+
+    w = prepare(Path(__file__).parent / "split_module.py")
+    split = next(n for n in w.graph.nodes if n.op.startswith("split"))
+    assert split.dtype == "tuple" and split.fusable
+    plan = w.tvm_default()
+    assert any(split.id in g and len(g) > 1 for g in plan.groups)
+    assert sorted(kernels(apply.apply_plan(w.mod, w.graph, plan))) == sorted(kernels(fuseops_reference(w.mod)))
+    ref = run_plan(w, w.unfused())[0]
+    for p in (plan, SearchSpace(w.graph).plan_of_kinds({"vertical", "horizontal", "reduction"})):
+        np.testing.assert_allclose(run_plan(w, p)[0], ref, rtol=1e-6)
