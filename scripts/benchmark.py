@@ -1,0 +1,383 @@
+"""Benchmark suite: tune each model, then measure it side by side with every baseline, in one run.
+
+    pip install -e ".[bench]"     # torch (CPU), transformers, onnxscript, matplotlib
+    python scripts/benchmark.py                       # all models, rule-based kernel schedules
+    python scripts/benchmark.py --models mlp,bert --trials 32 --kernel-trials 16
+
+Models: graphs this project generates (mlp, conv_block, transformer_block, softmax/layer-norm
+chains) and real architectures from `transformers`, instantiated from small configs with random
+weights and exported with PyTorch's dynamo ONNX exporter. Baselines, all measured in this process
+run on the same threads: unfused and tvm_default (same kernel schedules as autofuse), autofuse
+tuned, onnxruntime (CPU provider, all graph optimisations), torch eager and torch.compile for the
+PyTorch models. Writes benchmarks/results.json, benchmarks/RESULTS.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from datetime import datetime
+from datetime import timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autofuse import models as builtin
+from autofuse.baselines import median_and_spread
+from autofuse.baselines import time_onnxruntime
+from autofuse.build import MeasureConfig
+from autofuse.importer import random_inputs
+from autofuse.measure import IsolatedMeasurer
+from autofuse.metrics import plan_metrics
+from autofuse.search import TuneConfig
+from autofuse.search import Tuner
+from autofuse.tuning_log import TuningLog
+from autofuse.tuning_log import device_fingerprint
+from autofuse.workload import prepare
+
+GENERATED = ["mlp", "conv_block", "transformer_block", "norm_chain"]
+REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+
+def norm_chain() -> Any:
+    """Softmax and layer-norm chains written as primitive ONNX ops (reduction -> broadcast)."""
+    g = builtin._Graph(0)
+    h = "x"
+    for _ in range(3):
+        h = g.layer_norm(g.op("Add", [g.softmax(h), h]), 256)
+    return g.model("norm_chain", {"x": (64, 256)}, h, (64, 256))
+
+
+def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
+    """A transformers model from a small config (random weights) and its example input."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    ids = (torch.randint(0, 1000, (1, 32)),)
+    image32, image64 = (torch.randn(1, 3, 32, 32),), (torch.randn(1, 3, 64, 64),)
+    small_tf = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512)
+    table = {
+        "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
+        "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000,
+                                                     n_positions=64, bos_token_id=0, eos_token_id=0)),
+                 ids, ["input_ids"]),
+        "vit": (lambda: tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **small_tf)), image32,
+                ["pixel_values"]),
+        "resnet": (lambda: tf.ResNetModel(tf.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256],
+                                                           depths=[1, 1, 1, 1])), image64, ["pixel_values"]),
+        "mobilenetv2": (lambda: tf.MobileNetV2Model(tf.MobileNetV2Config(image_size=64, depth_multiplier=0.5)),
+                        image64, ["pixel_values"]),
+    }
+    make, args, names = table[name]
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x).last_hidden_state
+
+    return LastHidden(make()).eval(), args, names
+
+
+def export(name: str, out_dir: Path) -> tuple[Path, Any]:
+    path = out_dir / "models" / f"{name}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name in builtin.BUILTIN or name == "norm_chain":
+        import onnx
+
+        onnx.save(norm_chain() if name == "norm_chain" else builtin.BUILTIN[name](), str(path))
+        return path, None
+    import torch
+
+    model, args, names = torch_model(name)
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(path), input_names=names, output_names=["out"], dynamo=True,
+                          verbose=False)
+    return path, (model, args)
+
+
+# --- timing of the baselines --------------------------------------------------------------------
+
+
+def time_torch(model: Any, args: tuple[Any, ...], compiled: bool, repeat: int) -> list[float]:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    fn = torch.compile(model) if compiled else model
+    with torch.inference_mode():
+        for _ in range(3):
+            fn(*args)
+        number, t0 = 1, time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn(*args)
+            if time.perf_counter() - t0 >= 0.02 or number >= 1 << 14:
+                break
+            number *= 2
+        samples = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn(*args)
+            samples.append((time.perf_counter() - t0) / number)
+    return samples
+
+
+def machine_limits() -> dict[str, float]:
+    """This machine's memory copy bandwidth and float32 GEMM throughput (numpy, all cores)."""
+    a = np.ones(64 * 1024 * 1024 // 4, dtype=np.float32)
+    b = np.empty_like(a)
+    copies = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        copies.append(time.perf_counter() - t0)
+    n = 1024
+    x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    gemms = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x @ x
+        gemms.append(time.perf_counter() - t0)
+    return {"bandwidth_Bps": 2 * a.nbytes / min(copies), "peak_flops": 2 * n**3 / min(gemms)}
+
+
+# --- one model ----------------------------------------------------------------------------------
+
+
+def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int) -> dict[str, Any]:
+    """Interleaved rounds; the pooled median per plan and the spread of per-round medians."""
+    samples: dict[str, list[float]] = {k: [] for k in plans}
+    medians: dict[str, list[float]] = {k: [] for k in plans}
+    status: dict[str, str] = {}
+    cfg = MeasureConfig(repeat=repeat)
+    with IsolatedMeasurer(w, config=cfg, scheduler=scheduler, database=database) as m:
+        for r in range(rounds):
+            names = list(plans)
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                res = m.measure(plans[name])
+                status[name] = res.status if res.ok else f"{res.status}: {res.error}"
+                if res.ok:
+                    samples[name].extend(res.latencies_s)
+                    medians[name].append(res.median_s)
+    out = {}
+    for name in plans:
+        if samples[name]:
+            med = statistics.median(samples[name])
+            drift = (max(medians[name]) - min(medians[name])) / med if len(medians[name]) > 1 else None
+            out[name] = {"median_s": med, "noise": drift, "status": status[name]}
+        else:
+            out[name] = {"median_s": None, "noise": None, "status": status.get(name, "not run")}
+    return out
+
+
+def trials_to_within(records: list[Any], frac: float = 0.02) -> int | None:
+    lat = [r.median_s for r in records if r.role in ("seed", "search") and r.median_s]
+    if not lat:
+        return None
+    best = min(lat)
+    running = math.inf
+    for i, x in enumerate(lat, 1):
+        running = min(running, x)
+        if running <= best * (1 + frac):
+            return i
+    return None
+
+
+def run_model(name: str, args: argparse.Namespace, limits: dict[str, float]) -> dict[str, Any]:
+    out_dir = Path(args.out)
+    t_export = time.perf_counter()
+    path, torch_case = export(name, out_dir)
+    w = prepare(path)
+    log = TuningLog(out_dir / "logs")
+    database = str(out_dir / "logs" / "metaschedule")
+    cfg = TuneConfig(trials=args.trials, seed=0, kernel_trials=args.kernel_trials, kernel_plans=args.kernel_plans)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with IsolatedMeasurer(w, config=MeasureConfig(repeat=7), scheduler="rules", database=database) as m:
+        result = Tuner(w, "llvm", m, log, cfg, scheduler="rules").run()
+    tune_s = time.perf_counter() - t0
+    peak_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rss_before,
+                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    scheduler = result.summary.get("scheduler", "rules")
+    plans = {"unfused": w.unfused(), "tvm_default": w.tvm_default(), "autofuse": result.best}
+    rows = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
+    feeds = random_inputs(w.inputs)
+    ort_med, ort_spread = median_and_spread(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=args.repeat))
+    rows["onnxruntime"] = {"median_s": ort_med, "noise": ort_spread, "status": "ok"}
+    if torch_case is not None:
+        for label, compiled in (("torch_eager", False), ("torch_compile", True)):
+            try:
+                med, spread = median_and_spread(time_torch(*torch_case, compiled=compiled, repeat=args.repeat))
+                rows[label] = {"median_s": med, "noise": spread, "status": "ok"}
+            except Exception as err:  # a baseline that fails is reported, not fatal
+                rows[label] = {"median_s": None, "noise": None, "status": f"error: {str(err)[:200]}"}
+    flops = sum(n.flops for n in w.graph.nodes)
+    weights = sum(int(np.prod(i.dims)) * 4 for i in w.loaded.onnx_model.graph.initializer)
+    io = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in w.inputs)
+    io += sum(w.graph.nodes[n].bytes_out for n in w.graph.outputs)
+    roofline_s = max((weights + io) / limits["bandwidth_Bps"], flops / limits["peak_flops"])
+    tuned = rows["autofuse"]["median_s"]
+    records = [r for r in log.records(w.key, "llvm") if r.scheduler == "rules"]
+    metrics = {k: plan_metrics(w.graph, p).to_dict() for k, p in plans.items()}
+    return {
+        "model": name,
+        "kind": "real" if torch_case is not None else "generated",
+        "ops": len(w.graph),
+        "inputs": [str(s) for s in w.inputs],
+        "gflop": flops / 1e9,
+        "results": rows,
+        "metrics": metrics,
+        "scheduler": scheduler,
+        "decision": result.reason,
+        "tuning_s": tune_s,
+        "export_and_import_s": t0 - t_export,
+        "peak_rss_mb": peak_mb,
+        "measured_plans": result.measured,
+        "trials_to_2pct": trials_to_within(records),
+        "convergence_s": [r.median_s for r in records if r.role in ("seed", "search") and r.median_s],
+        "roofline_s": roofline_s,
+        "roofline_fraction": roofline_s / tuned if tuned else None,
+        "cost_model": result.summary["cost_model"],
+        "cheap_vs_tuned_tau": result.summary.get("cheap_vs_tuned_tau"),
+    }
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def ratio(res: dict[str, Any], a: str, b: str) -> float | None:
+    x, y = res["results"].get(a, {}).get("median_s"), res["results"].get(b, {}).get("median_s")
+    return x / y if x and y else None
+
+
+def geomean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: Path, command: str) -> None:
+    def us(x: float | None) -> str:
+        return f"{x * 1e6:,.1f}" if x else "-"
+
+    def fx(x: float | None) -> str:
+        return f"{x:.2f}x" if x else "-"
+
+    lines = [
+        "# autofuse benchmark results",
+        "",
+        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
+        f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
+        f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three interleaved rounds in "
+        "one process run, all on the same threads; 'noise' is the spread of the per-round medians. The "
+        "unfused and tvm_default rows use the same kernel schedules as autofuse's plan.",
+        "",
+        "| model | ops | unfused us | tvm_default us | autofuse us | onnxruntime us | torch eager us | torch.compile us "
+        "| vs tvm_default | vs onnxruntime | kernels (tvm/autofuse) | fusion ratio | KiB kept | tuning s | peak MB "
+        "| trials to 2% | roofline |",
+        "|" + "---|" * 17,
+    ]
+    for r in results:
+        res = r["results"]
+        lines.append(
+            f"| {r['model']} | {r['ops']} | {us(res['unfused']['median_s'])} | {us(res['tvm_default']['median_s'])} "
+            f"| {us(res['autofuse']['median_s'])} | {us(res['onnxruntime']['median_s'])} "
+            f"| {us(res.get('torch_eager', {}).get('median_s'))} | {us(res.get('torch_compile', {}).get('median_s'))} "
+            f"| {fx(ratio(r, 'tvm_default', 'autofuse'))} | {fx(ratio(r, 'onnxruntime', 'autofuse'))} "
+            f"| {r['metrics']['tvm_default']['kernels']}/{r['metrics']['autofuse']['kernels']} "
+            f"| {r['metrics']['autofuse']['fusion_ratio']:.2f} | {r['metrics']['autofuse']['bytes_saved'] / 1024:,.0f} "
+            f"| {r['tuning_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['trials_to_2pct'] or '-'} "
+            f"| {r['roofline_fraction'] * 100 if r['roofline_fraction'] else 0:.1f}% |"
+        )
+    g_tvm = geomean([ratio(r, "tvm_default", "autofuse") for r in results])
+    g_ort = geomean([ratio(r, "onnxruntime", "autofuse") for r in results])
+    slower = [r["model"] for r in results if (ratio(r, "tvm_default", "autofuse") or 1) < 1.0]
+    far = [r["model"] for r in results if (ratio(r, "onnxruntime", "autofuse") or 0) < 1 / 1.5]
+    lines += [
+        "",
+        f"Geometric mean speedup over tvm_default (same schedules): **{fx(g_tvm)}** (target ≥ 1.15x); "
+        f"models where autofuse measured slower: {', '.join(slower) or 'none'}.",
+        f"Geometric mean of onnxruntime latency / autofuse latency: **{fx(g_ort)}** (1.00x = parity; target: "
+        f"within 1.5x, i.e. ≥ 0.67x, on every model); models beyond 1.5x: {', '.join(far) or 'none'}.",
+        "",
+        "Decisions: " + "; ".join(f"{r['model']}: {r['decision']}" for r in results),
+        "",
+        "![latency](latency.png) ![convergence](convergence.png)",
+    ]
+    (out / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    plot(results, out)
+
+
+def plot(results: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["unfused", "tvm_default", "autofuse", "onnxruntime", "torch_eager", "torch_compile"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(results)), 4))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        vals = []
+        for r in results:
+            base = r["results"]["tvm_default"]["median_s"]
+            x = r["results"].get(label, {}).get("median_s")
+            vals.append(x / base if x and base else 0)
+        ax.bar(np.arange(len(results)) + i * width, vals, width, label=label)
+    ax.set_xticks(np.arange(len(results)) + 0.4 - width / 2, [r["model"] for r in results], rotation=20)
+    ax.set_ylabel("latency / tvm_default (lower is better)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        lat = r["convergence_s"]
+        if lat:
+            best = np.minimum.accumulate(lat)
+            ax.plot(range(1, len(best) + 1), best / best[-1], label=r["model"])
+    ax.set_xlabel("measured plan")
+    ax.set_ylabel("best so far / final best")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "convergence.png", dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="all", help="comma list, 'generated', 'real' or 'all'")
+    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--kernel-trials", type=int, default=0, help="MetaSchedule trials per kernel (0: off)")
+    ap.add_argument("--kernel-plans", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args()
+    names = {"all": GENERATED + REAL, "generated": GENERATED, "real": REAL}.get(args.models, args.models.split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    limits = machine_limits()
+    results_path = out / "results.json"
+    results = []
+    for name in names:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        results.append(run_model(name, args, limits))
+        results_path.write_text(json.dumps({"limits": limits, "models": results}, indent=1))
+        write_report(results, limits, out, "python scripts/benchmark.py " + " ".join(sys.argv[1:]))
+    print((out / "RESULTS.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
