@@ -19,16 +19,29 @@ from tvm import relax
 TARGET_ALIASES = {"cpu": "llvm", "gpu": "cuda"}
 
 
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU (e.g. znver4): kernels use its full vector ISA."""
+    from tvm.target import codegen
+
+    try:
+        return str(codegen.llvm_get_system_cpu())
+    except Exception:
+        return "generic"
+
+
 def make_target(spec: str) -> tvm.target.Target:
     """A Target from 'llvm', 'cpu', 'cuda', 'cuda:sm_80' or a JSON target dict.
 
-    CPU targets get `num-cores` (MetaSchedule needs it); CUDA defaults to sm_90 (H200/H100).
+    'llvm' means this machine's CPU (`mcpu` = the host, as -march=native: a library built for
+    it may not run on an older CPU; pass a JSON dict such as '{"kind": "llvm", "mcpu":
+    "x86-64-v3"}' for a portable build). CPU targets get `num-cores` (MetaSchedule needs it);
+    CUDA defaults to sm_90 (H200/H100).
     """
     spec = TARGET_ALIASES.get(spec, spec)
     if spec.startswith("{"):
         config = json.loads(spec)
     elif spec == "llvm":
-        config = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
+        config = {"kind": "llvm", "num-cores": os.cpu_count() or 1, "mcpu": host_cpu()}
     elif spec.split(":")[0] == "cuda":
         arch = spec.split(":", 1)[1] if ":" in spec else "sm_90"
         config = {"kind": "cuda", "arch": arch, "host": {"kind": "llvm"}}
@@ -89,11 +102,12 @@ def _schedule_passes(target: tvm.target.Target, scheduler: str, database: str | 
     if scheduler == "none":
         return []
     from autofuse.schedule import ScheduleCPU
+    from autofuse.schedule import vector_bits
 
     passes: list[tvm.transform.Pass] = []
     if scheduler == "metaschedule" and database and os.path.exists(os.path.join(database, "database_workload.json")):
         passes.append(relax.transform.MetaScheduleApplyDatabase(database))
-    return passes + [ScheduleCPU()]
+    return passes + [ScheduleCPU(vector_bits(target))]
 
 
 def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
