@@ -20,6 +20,7 @@ and this rule only schedules what the database does not know.
 from __future__ import annotations
 
 import math
+import re
 
 import tvm
 from tvm import s_tir
@@ -91,7 +92,7 @@ def _schedule_reduction(
     tile: bool,
 ) -> s_tir.schedule.LoopRV | None:
     if tile and len(s_loops) >= 2:
-        par = _gemm_tiles(sch, block, s_loops, r_loops, lanes)
+        par = _gemm_tiles(sch, block, s_loops, r_loops, lanes, _row_loop(sch, block, s_vars))
         if par is not None:
             return par
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
@@ -113,12 +114,35 @@ def _schedule_reduction(
     return par
 
 
+def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[str]) -> int:
+    """Which spatial loop indexes the accumulator's rows: the innermost one (besides the
+    vectorised last) whose variable is absent from every input the last one reads, so each
+    vector load is reused by all rows (matmul: i against B[k, j]; conv: the output channel, not
+    the image row, against the input window)."""
+    reads = [str(r) for r in sch.get(block).reads]
+
+    def uses(var: str, text: str) -> bool:
+        return re.search(rf"\b{re.escape(var)}\b", text) is not None
+
+    j_inputs = [r for r in reads if uses(s_vars[-1], r)]
+    for k in reversed(range(len(s_vars) - 1)):
+        if not any(uses(s_vars[k], r) for r in j_inputs):
+            return k
+    return len(s_vars) - 2
+
+
 def _gemm_tiles(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_loops: list, r_loops: list, lanes: int
+    sch: s_tir.Schedule,
+    block: s_tir.schedule.SBlockRV,
+    s_loops: list,
+    r_loops: list,
+    lanes: int,
+    row: int,
 ) -> s_tir.schedule.LoopRV | None:
     """Register tiles for matmul/conv-like blocks: a (rows x 2*lanes) accumulator kept in a local
     buffer across the whole reduction, rows unrolled, columns vectorised; tiles in parallel."""
-    i, j = s_loops[-2], s_loops[-1]
+    i, j = s_loops[row], s_loops[-1]
+    others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
     if ext_i is None or ext_j is None or ext_j % lanes:
         return None
@@ -126,9 +150,9 @@ def _gemm_tiles(
     ti = next((t for t in (8, 4, 2) if ext_i % t == 0), 1)
     io, ii = sch.split(i, [None, ti])
     jo, ji = sch.split(j, [None, tj])
-    sch.reorder(*s_loops[:-2], io, jo, *r_loops, ii, ji)
+    sch.reorder(*others, io, jo, *r_loops, ii, ji)
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
-    par = sch.fuse(*s_loops[:-2], io, jo)
+    par = sch.fuse(*others, io, jo)
     if parallel:
         sch.parallel(par)
     acc = sch.cache_write(block, 0, "local")
@@ -203,7 +227,8 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
                 continue
             _schedule_spatial(sch, block, s_loops, lanes)
         else:
-            par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile)
+            s_vars = [str(it.var) for it, k in zip(info.iters, kinds) if k == "S"]
+            par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars)
             if par is not None:  # decompose_reduction and cache_write rename what consumers read
                 for producer in [info.name, f"{info.name}_update", f"{info.name}_local"]:
                     anchors[producer] = par
