@@ -90,6 +90,7 @@ def _schedule_reduction(
     r_loops: list,
     lanes: int,
     tile: bool,
+    s_vars: list[str],
 ) -> s_tir.schedule.LoopRV | None:
     if tile and len(s_loops) >= 2:
         par = _gemm_tiles(sch, block, s_loops, r_loops, lanes, _row_loop(sch, block, s_vars))
