@@ -1,9 +1,10 @@
-"""Baselines measured next to autofuse in the same run: onnxruntime on the CPU."""
+"""Baselines measured next to autofuse in the same run, with one timing protocol."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,9 +21,8 @@ def time_onnxruntime(
     min_repeat_s: float = 0.02,
     threads: int = 0,
 ) -> list[float]:
-    """Per-sample mean latency in seconds of onnxruntime (CPU provider, all graph optimisations),
-    with the same sampling protocol as TVM's time_evaluator: each sample runs the model enough
-    times to last at least `min_repeat_s`."""
+    """Per-sample latencies (see `time_callable`) of onnxruntime: CPU provider, all graph
+    optimisations."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -32,13 +32,20 @@ def time_onnxruntime(
         opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     inputs = {s.name: x for s, x in zip(specs, feeds)}
+    return time_callable(lambda: sess.run(None, inputs), repeat, min_repeat_s)
+
+
+def time_callable(fn: Callable[[], object], repeat: int = 15, min_repeat_s: float = 0.02) -> list[float]:
+    """Per-sample mean latency of `fn` in seconds, with the sampling protocol of TVM's
+    time_evaluator: warm-up calls, then each sample runs `fn` enough times to last at least
+    `min_repeat_s`."""
     for _ in range(3):
-        sess.run(None, inputs)
+        fn()
     number = 1
     while True:  # calibrate the calls per sample, as time_evaluator's min_repeat_ms does
         t0 = time.perf_counter()
         for _ in range(number):
-            sess.run(None, inputs)
+            fn()
         if time.perf_counter() - t0 >= min_repeat_s or number >= 1 << 16:
             break
         number *= 2
@@ -46,7 +53,7 @@ def time_onnxruntime(
     for _ in range(repeat):
         t0 = time.perf_counter()
         for _ in range(number):
-            sess.run(None, inputs)
+            fn()
         samples.append((time.perf_counter() - t0) / number)
     return samples
 

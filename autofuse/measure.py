@@ -30,9 +30,6 @@ from autofuse.plan import IllegalPlanError
 from autofuse.plan import validate
 from autofuse.workload import Workload
 
-STATUSES = ("ok", "built", "illegal", "build_error", "timeout", "runtime_error", "wrong_result")
-
-
 @dataclass(frozen=True)
 class Measurement:
     """Outcome of measuring one plan: latency samples, or the failure and its class."""

@@ -281,11 +281,3 @@ class ScheduleCPU:
             out[gv] = func
         return out
 
-
-def flop_count(func: tirx.PrimFunc) -> float:
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
-    except Exception:
-        return math.nan

@@ -31,6 +31,7 @@ import numpy as np
 
 from autofuse import models as builtin
 from autofuse.baselines import median_and_spread
+from autofuse.baselines import time_callable
 from autofuse.baselines import time_onnxruntime
 from autofuse.build import MeasureConfig
 from autofuse.importer import random_inputs
@@ -118,23 +119,7 @@ def time_torch(model: Any, args: tuple[Any, ...], compiled: bool, repeat: int) -
     torch.set_num_threads(os.cpu_count() or 1)
     fn = torch.compile(model) if compiled else model
     with torch.inference_mode():
-        for _ in range(3):
-            fn(*args)
-        number, t0 = 1, time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn(*args)
-            if time.perf_counter() - t0 >= 0.02 or number >= 1 << 14:
-                break
-            number *= 2
-        samples = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn(*args)
-            samples.append((time.perf_counter() - t0) / number)
-    return samples
+        return time_callable(lambda: fn(*args), repeat)
 
 
 def machine_limits() -> dict[str, float]:

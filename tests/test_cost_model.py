@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
@@ -44,8 +45,8 @@ def test_plan_cost_uses_known_kernels_and_overhead():
     model.overhead_s = 1e-6
     rows = [x[0], x[1]]
     cost = model.plan_cost(rows, [5e-6, None])
-    assert cost == np.float64(5e-6 + model.predict_groups([x[1]])[0] + 2e-6) or abs(
-        cost - (5e-6 + model.predict_groups([x[1]])[0] + 2e-6)) < 1e-12
+    assert cost == pytest.approx(5e-6 + model.predict_groups([x[1]])[0] + 2e-6, rel=1e-9)
+    assert model.plan_cost(rows, [5e-6, 7e-6]) == pytest.approx(5e-6 + 7e-6 + 2e-6)
 
 
 def test_not_ready_until_enough_samples():
