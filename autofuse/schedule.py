@@ -145,6 +145,10 @@ def _gemm_tiles(
     i, j = s_loops[row], s_loops[-1]
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
+    if ext_j is not None and ext_j % lanes and others and row != len(s_loops) - 2:
+        # small images (4x4, 8x8 feature maps): vectorise over the fused image rows and columns
+        j = sch.fuse(others.pop(), j)
+        ext_j = _extent(sch, j)
     if ext_i is None or ext_j is None or ext_j % lanes:
         return None
     tj = 2 * lanes if ext_j % (2 * lanes) == 0 else lanes
