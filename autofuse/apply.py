@@ -135,6 +135,10 @@ class _Grouper(relax.PyExprMutator):  # type: ignore[misc]
             for expr in [b.value for blk in later for b in blk.bindings] + [block.func.body.body]
             for v in relax.analysis.free_vars(expr)
         }
+        self.users: dict[relax.Var, set[int]] = {}  # var -> ids of the bindings reading it
+        for b in block.bindings:
+            for v in relax.analysis.free_vars(b.value):
+                self.users.setdefault(v, set()).add(id(b))
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
         if not block.same_as(self.func_block()):
@@ -152,14 +156,12 @@ class _Grouper(relax.PyExprMutator):  # type: ignore[misc]
 
     def _outputs(self, members: list[relax.Binding]) -> list[relax.Var]:
         inside = {id(m) for m in members}
-        used_outside = set(self.used_later)
-        for b in self.block.bindings:
-            if id(b) not in inside:
-                used_outside.update(relax.analysis.free_vars(b.value))
         return [
             m.var
             for m in members
-            if m.var in used_outside or not isinstance(m.var, relax.DataflowVar)
+            if m.var in self.used_later
+            or not isinstance(m.var, relax.DataflowVar)
+            or self.users.get(m.var, set()) - inside
         ]
 
     def _emit_group(self, members: list[relax.Binding]) -> None:

@@ -9,6 +9,7 @@ thousand nodes stay cheap.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict
 from dataclasses import dataclass
 from enum import IntEnum
@@ -86,19 +87,19 @@ class OpGraph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def _adjacency(self, pairs: Iterable[tuple[int, int]]) -> tuple[tuple[int, ...], ...]:
+        out: list[set[int]] = [set() for _ in self.nodes]
+        for a, b in pairs:
+            out[a].add(b)
+        return tuple(tuple(sorted(s)) for s in out)
+
     @cached_property
     def succs(self) -> tuple[tuple[int, ...], ...]:
-        out: list[list[int]] = [[] for _ in self.nodes]
-        for src, dst in self.edges:
-            out[src].append(dst)
-        return tuple(tuple(sorted(set(s))) for s in out)
+        return self._adjacency(self.edges)
 
     @cached_property
     def preds(self) -> tuple[tuple[int, ...], ...]:
-        out: list[list[int]] = [[] for _ in self.nodes]
-        for src, dst in self.edges:
-            out[dst].append(src)
-        return tuple(tuple(sorted(set(p))) for p in out)
+        return self._adjacency((dst, src) for src, dst in self.edges)
 
     @cached_property
     def descendants(self) -> tuple[int, ...]:

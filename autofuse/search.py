@@ -166,6 +166,7 @@ class Tuner:
         self.started = time.perf_counter()
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
+        self.seeds = self._seed_plans()  # unfused, tvm_default, the logged best: fixed per run
 
     # --- history ------------------------------------------------------------------------------
 
@@ -294,7 +295,7 @@ class Tuner:
 
     # --- strategies ---------------------------------------------------------------------------
 
-    def seeds(self) -> list[FusionPlan]:
+    def _seed_plans(self) -> list[FusionPlan]:
         plans = [self.w.unfused(), self.w.tvm_default()]
         best = self.log.best(self.w.key, self.target, self.scheduler)
         if best is not None:
@@ -327,7 +328,7 @@ class Tuner:
         study = open_study(self.storage, self.log.dir, self.study_name, self.cfg.seed)
         self._fail_orphans(study)
         if not study.trials:
-            for plan in self.seeds():
+            for plan in self.seeds:
                 study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
         since_best, best_before = 0, self.best_s
         while self._study_measured(study) < self.cfg.trials and not self._out_of_time():
@@ -381,7 +382,7 @@ class Tuner:
                 fresh.append((trial, plan))
         if not fresh:
             return
-        seed_keys = {p.key for p in self.seeds()}
+        seed_keys = {p.key for p in self.seeds}
         enqueued = [tp for tp in fresh if tp[1].key in seed_keys]
         rest = [tp for tp in fresh if tp[1].key not in seed_keys]
         if self.model.ready and len(rest) > self.cfg.measure_per_batch:
@@ -401,7 +402,7 @@ class Tuner:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
     def _run_model(self) -> None:
-        for plan in self.seeds()[:2]:
+        for plan in self.seeds[:2]:
             self._cached_or_measure(plan, "seed")
         if not self.model.fit():
             self.model.min_samples = 1  # learn from whatever the seeds gave
@@ -536,7 +537,7 @@ class Tuner:
         return good, noise, replace(cfg, repeat=cfg.repeat * rounds)
 
     def _known_plans(self) -> list[FusionPlan]:
-        plans = {p.key: p for p in self.seeds()}
+        plans = {p.key: p for p in self.seeds}
         for rec in self.log.records(self.w.key, self.target):
             plans.setdefault(rec.plan_key, FusionPlan.from_dict(rec.plan))
         return list(plans.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import tvm
@@ -29,10 +30,13 @@ class Workload:
     inputs: tuple[InputSpec, ...]
     key: str
     loaded: LoadedModel
+    _tvm_default: FusionPlan | None = field(default=None, repr=False)
 
     def tvm_default(self) -> FusionPlan:
-        """TVM FuseOps' own plan for this workload."""
-        return tvm_bridge.fuseops_plan(self.mod, self.graph)
+        """TVM FuseOps' own plan for this workload (FuseOps runs once, on first use)."""
+        if self._tvm_default is None:
+            self._tvm_default = tvm_bridge.fuseops_plan(self.mod, self.graph)
+        return self._tvm_default
 
     def unfused(self) -> FusionPlan:
         return FusionPlan.unfused(self.graph)
