@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
+from autofuse.build import cpu_threads
 from autofuse.importer import InputSpec
 
 
@@ -22,14 +23,13 @@ def time_onnxruntime(
     threads: int = 0,
 ) -> list[float]:
     """Per-sample latencies (see `time_callable`) of onnxruntime: CPU provider, all graph
-    optimisations."""
+    optimisations, `threads` intra-op threads (0: build.cpu_threads(), as autofuse's kernels)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
+    opts.intra_op_num_threads = threads or cpu_threads()
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     inputs = {s.name: x for s, x in zip(specs, feeds)}
     return time_callable(lambda: sess.run(None, inputs), repeat, min_repeat_s)

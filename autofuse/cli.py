@@ -312,6 +312,7 @@ def bench(
     from autofuse import deploy
     from autofuse.baselines import median_and_spread
     from autofuse.baselines import time_onnxruntime
+    from autofuse.build import cpu_threads
     from autofuse.build import MeasureConfig
     from autofuse.importer import random_inputs
     from autofuse.measure import IsolatedMeasurer
@@ -340,7 +341,7 @@ def bench(
         med, spread = median_and_spread(samples)
         rows.append({"name": "onnxruntime", "status": "ok", "median_s": med, "spread": spread})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
-              "threads": os.cpu_count(), "scheduler": scheduler}
+              "threads": cpu_threads(), "scheduler": scheduler}
     if as_json:
         print(json.dumps(result, indent=1))
         return

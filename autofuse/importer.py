@@ -10,6 +10,7 @@ operator) raise ModelError with a one-line message.
 from __future__ import annotations
 
 import runpy
+from contextlib import contextmanager
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import tvm
+from tvm import relax
 
 DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
 
@@ -209,15 +211,56 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        mod = from_onnx(
+        with _relax_clip():
+            mod = from_onnx(
             model,
-            shape_dict={s.name: list(s.shape) for s in specs},
-            dtype_dict={s.name: s.dtype for s in specs},
-            keep_params_in_input=False,
-        )
+                shape_dict={s.name: list(s.shape) for s in specs},
+                dtype_dict={s.name: s.dtype for s in specs},
+                keep_params_in_input=False,
+            )
     except Exception as err:
         raise ModelError(f"{path}: TVM's ONNX frontend failed: {_first_line(err)}") from None
     return LoadedModel(mod, specs, str(path), model, notes)
+
+
+@contextmanager
+def _relax_clip():
+    """TVM's ONNX frontend with Clip imported as Relax maximum/minimum ops instead of TIR.
+
+    The stock converter emits Clip straight as TIR (`emit_te`), opaque to Relax passes: a ReLU6
+    between two convolutions would stop the channels-last layout (tvm_bridge.normalize) from
+    propagating and cost two transposes per activation. Same semantics, including ONNX's rule that
+    a NaN bound means no bound (the stock bound sanitiser is kept).
+    """
+    from tvm.relax.frontend.onnx import onnx_frontend as fe
+
+    stock = fe.Clip
+
+    class Clip(stock):  # type: ignore[misc, valid-type]
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            x = inputs[0]
+            dtype = x.ty.dtype
+            lo = relax.const(float(attr.get("min", -np.inf)), dtype)
+            hi = relax.const(float(attr.get("max", np.inf)), dtype)
+            return relax.op.minimum(bb.normalize(relax.op.maximum(x, lo)), hi)
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            out = inputs[0]
+            if len(inputs) > 1 and inputs[1] is not None:
+                lo = cls._sanitize_nan_clip_bound(bb, inputs[1], for_min=True)
+                out = bb.normalize(relax.op.maximum(out, lo))
+            if len(inputs) > 2 and inputs[2] is not None:
+                hi = cls._sanitize_nan_clip_bound(bb, inputs[2], for_min=False)
+                out = bb.normalize(relax.op.minimum(out, hi))
+            return out
+
+    fe.Clip = Clip
+    try:
+        yield
+    finally:
+        fe.Clip = stock
 
 
 def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[str]) -> onnx.ModelProto:

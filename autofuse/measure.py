@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from autofuse.build import MeasureConfig
+from autofuse.build import cpu_threads
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.plan import IllegalPlanError
@@ -94,7 +95,7 @@ class IsolatedMeasurer:
         config: timing protocol and per-plan timeout.
         limits: legality limits checked before anything is built.
         build_only: compile but do not run (CUDA without a GPU).
-        threads: TVM worker threads (0: TVM's default, all cores).
+        threads: TVM worker threads (0: build.cpu_threads(), one per physical core).
         scheduler: how kernels are scheduled (build.SCHEDULERS; None: the target's default).
         database: MetaSchedule work dir, for scheduler 'metaschedule'.
     """
@@ -195,8 +196,7 @@ class IsolatedMeasurer:
         # caller's __main__), talking over a socket pair that TVM's own prints cannot corrupt
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        if self.threads:
-            env["TVM_NUM_THREADS"] = str(self.threads)
+        env["TVM_NUM_THREADS"] = str(self.threads or cpu_threads())
         inputs = json.dumps([asdict(s) for s in self.workload.inputs])
         proc = subprocess.Popen(
             [sys.executable, "-m", "autofuse.worker", str(theirs.fileno()), self._module_path, inputs],

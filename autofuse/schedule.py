@@ -5,8 +5,8 @@ plans on such code measures the wrong thing. This rule-based schedule is what a 
 engineer would write first, and costs milliseconds per kernel:
 
 - inline every elementwise/injective block into its consumer (or producer) where TIR allows;
-- spatial blocks: fuse all loops, split off a vector-width inner loop, parallel outer, vectorised
-  inner;
+- spatial blocks: outer loops fused and parallel (when the nest is big enough to pay for the
+  thread pool), the innermost axis vectorised where a vector width divides it;
 - reduction blocks: parallel over the outer spatial loops; for matmul/conv-like blocks (two or
   more spatial loops) the innermost spatial loop moves inside the reduction and is vectorised
   (the i-k-j order of a CPU GEMM), with the reduction's init split off;
@@ -30,9 +30,11 @@ SCHEDULED_ATTR = "tirx.is_scheduled"
 # what TIR raises when it refuses a transformation (ScheduleError and InternalError are both
 # RuntimeErrors in TVM 0.27)
 _REFUSED = (RuntimeError, ValueError)
-# loop-nest iterations below which a parallel loop costs more (thread wake-up, ~5-10 us) than
-# it saves
-MIN_PARALLEL_WORK = 1 << 15
+# loop-nest iterations below which a parallel loop costs more than it saves: the thread pool's
+# launch and join cost ~5-10 us, and a straggling thread (another process on a core) stalls
+# the join. Swept on the benchmark models with 2 threads: 1<<15 left MobileNetV2 at 260 us,
+# 1<<18 gives 219 us with ResNet, BERT and the transformer block unchanged.
+MIN_PARALLEL_WORK = 1 << 18
 
 
 def _vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
@@ -57,6 +59,14 @@ def vector_bits(target: tvm.target.Target) -> int:
     return 128
 
 
+def _vector_width(extent: int | None, lanes: int) -> int | None:
+    """The widest vector (full, half or quarter register; at least 4 elements) that divides a
+    loop of `extent`: 8 output channels still vectorise on an AVX-512 machine."""
+    if extent is None:
+        return None
+    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and extent % w == 0), None)
+
+
 def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
     ext = sch.get(loop).extent
     return int(ext) if isinstance(ext, tirx.IntImm) else None
@@ -69,18 +79,23 @@ def _work(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
 def _schedule_spatial(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int
 ) -> s_tir.schedule.LoopRV | None:
+    """Outer loops fused and parallel, the innermost axis vectorised where a vector width divides
+    it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
+    lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
+    serial for LLVM to handle."""
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    ext = _extent(sch, fused)
-    if ext is not None and ext >= 2 * lanes and ext % lanes == 0:
-        outer, inner = sch.split(fused, [None, lanes])
-        if parallel:
-            sch.parallel(outer)
+    width = _vector_width(_extent(sch, loops[-1]), lanes)
+    if width is not None and (_extent(sch, loops[-1]) or 0) >= width:
+        rest, inner = sch.split(loops[-1], [None, width])
+        outer = sch.fuse(*loops[:-1], rest) if loops[:-1] else rest
         sch.vectorize(inner)
-        return outer
-    if parallel:
-        sch.parallel(fused)
-    return fused
+    elif len(loops) > 1:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    else:
+        outer = loops[0]
+    if parallel and (_extent(sch, outer) or 2) > 1:
+        sch.parallel(outer)
+    return outer
 
 
 def _schedule_reduction(
@@ -99,7 +114,8 @@ def _schedule_reduction(
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
     inner = s_loops[-1] if len(s_loops) >= 2 else None
     inner_ext = _extent(sch, inner) if inner is not None else None
-    vectorise = inner is not None and inner_ext is not None and inner_ext % lanes == 0
+    width = _vector_width(inner_ext, lanes) if inner is not None else None
+    vectorise = width is not None
     outer = s_loops[:-1] if vectorise else s_loops
     sch.reorder(*outer, *r_loops, *([inner] if vectorise else []))
     par = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
@@ -107,8 +123,8 @@ def _schedule_reduction(
         sch.parallel(par)
     if vectorise:
         vi = sch.get_loops(block)[-1]
-        if inner_ext and inner_ext > lanes:
-            _, vi = sch.split(vi, [None, lanes])
+        if inner_ext and width and inner_ext > width:
+            _, vi = sch.split(vi, [None, width])
         sch.vectorize(vi)
     # the init leaves the reduction loop; vectorising needs the reduction block intact first
     sch.decompose_reduction(block, r_loops[0])
@@ -132,6 +148,11 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
     return len(s_vars) - 2
 
 
+# accumulator registers a register tile may use (AVX-512 has 32 vector registers, AVX2 16;
+# the rest hold the broadcast input and the weight vectors)
+ACCUMULATORS = 16
+
+
 def _gemm_tiles(
     sch: s_tir.Schedule,
     block: s_tir.schedule.SBlockRV,
@@ -140,19 +161,22 @@ def _gemm_tiles(
     lanes: int,
     row: int,
 ) -> s_tir.schedule.LoopRV | None:
-    """Register tiles for matmul/conv-like blocks: a (rows x 2*lanes) accumulator kept in a local
-    buffer across the whole reduction, rows unrolled, columns vectorised; tiles in parallel."""
+    """Register tiles for matmul/conv-like blocks: a (rows x 1-2 vectors) accumulator kept in a
+    local buffer across the whole reduction, rows unrolled, columns vectorised; tiles in
+    parallel."""
     i, j = s_loops[row], s_loops[-1]
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
-    if ext_j is not None and ext_j % lanes and others and row != len(s_loops) - 2:
+    width = _vector_width(ext_j, lanes)
+    if width is None and ext_j is not None and others and row != len(s_loops) - 2:
         # small images (4x4, 8x8 feature maps): vectorise over the fused image rows and columns
         j = sch.fuse(others.pop(), j)
         ext_j = _extent(sch, j)
-    if ext_i is None or ext_j is None or ext_j % lanes:
+        width = _vector_width(ext_j, lanes)
+    if ext_i is None or ext_j is None or width is None:
         return None
-    tj = 2 * lanes if ext_j % (2 * lanes) == 0 else lanes
-    ti = next((t for t in (8, 4, 2) if ext_i % t == 0), 1)
+    tj = 2 * width if ext_j % (2 * width) == 0 else width
+    ti = next((t for t in (16, 8, 4, 2) if ext_i % t == 0 and t * tj // width <= ACCUMULATORS), 1)
     io, ii = sch.split(i, [None, ti])
     jo, ji = sch.split(j, [None, tj])
     sch.reorder(*others, io, jo, *r_loops, ii, ji)
@@ -163,12 +187,27 @@ def _gemm_tiles(
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, par)
     sch.unroll(ii)
-    jio, jii = sch.split(ji, [None, lanes])
+    jio, jii = sch.split(ji, [None, width])
     sch.unroll(jio)
     sch.vectorize(jii)
     sch.decompose_reduction(block, r_loops[0])
-    sch.vectorize(sch.get_loops(acc)[-1])
+    _vectorize_inner(sch, acc, width)
     return par
+
+
+def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Vectorise the innermost loop of a block moved into a tile (its extent is the tile's)."""
+    inner = sch.get_loops(block)[-1]
+    ext = _extent(sch, inner)
+    width = _vector_width(ext, lanes)
+    if width is None:
+        return
+    if ext != width:
+        _, inner = sch.split(inner, [None, width])
+    try:
+        sch.vectorize(inner)
+    except _REFUSED:
+        pass
 
 
 def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None) -> tirx.PrimFunc | None:
@@ -216,9 +255,10 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
     if infos is None:
         return None
     # padding stays a block of its own: inlined, its bounds test sits in the innermost loop of
-    # the convolution and defeats vectorisation; materialised, it is one cheap copy
-    pads = [i for i in infos if i.name.startswith("pad")]
-    infos = pads + try_inline(sch, [i for i in infos if not i.name.startswith("pad")])
+    # the convolution and defeats vectorisation; materialised, it is one cheap copy. A "pad" of
+    # zero width (1x1 convolutions) is a plain copy and is inlined like any elementwise block.
+    pads = [i for i in infos if _is_padding(sch, i.block_rv)]
+    infos = pads + try_inline(sch, [i for i in infos if i not in pads])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:
         block = info.block_rv
@@ -232,15 +272,22 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
             continue
         if not r_loops:
             if _attach_epilogue(sch, block, anchors):
+                _vectorize_inner(sch, block, lanes)
                 continue
             _schedule_spatial(sch, block, s_loops, lanes)
         else:
             s_vars = [str(it.var) for it, k in zip(info.iters, kinds) if k == "S"]
             par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars)
-            if par is not None:  # decompose_reduction and cache_write rename what consumers read
-                for producer in [info.name, f"{info.name}_update", f"{info.name}_local"]:
-                    anchors[producer] = par
+            if par is not None:  # decompose_reduction and cache_write add blocks consumers read
+                for inside in sch.get_child_blocks(par):
+                    anchors[sch.get(inside).name_hint] = par
     return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+
+
+def _is_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """A block that selects between its input and a constant by a bounds test (topi's pad).
+    (TVM 0.27 has no Python visitor for TIR statements; the printed body names the call.)"""
+    return "if_then_else" in str(sch.get(block).body)
 
 
 def _attach_epilogue(

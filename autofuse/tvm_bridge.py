@@ -32,11 +32,25 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
 
     Conv+BatchNorm with constant parameters is folded into the conv weights and a bias
     (W*g/s, (b-m)*g/s+beta); remaining batch norms are decomposed to elementwise ops.
+    2-D convolutions are converted to channels-last (NHWC data, HWIO weights) and the layout is
+    propagated through the elementwise ops and pools around them: the output channel is then the
+    contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
+    (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
+    Weight transposes fold into the constants; the graph's inputs and outputs keep their layout.
     """
-    seq = tvm.transform.Sequential(
+    mod = tvm.transform.Sequential(
         [
             relax.transform.FoldBatchnormToConv2D(),
+            # batch norms left unfolded become elementwise ops before the layout changes
+            # (ConvertLayout crashes on batch_norm's tuple output in TVM 0.27)
             relax.transform.DecomposeOpsForInference(),
+        ]
+    )(mod)
+    if _calls_op(mod, "relax.nn.conv2d"):
+        mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
+        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+    seq = tvm.transform.Sequential(
+        [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
@@ -44,6 +58,19 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         ]
     )
     return seq(mod)
+
+
+def _calls_op(mod: tvm.IRModule, name: str) -> bool:
+    found = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name:
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 @dataclass

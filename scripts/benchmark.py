@@ -34,6 +34,7 @@ from autofuse.baselines import median_and_spread
 from autofuse.baselines import time_callable
 from autofuse.baselines import time_onnxruntime
 from autofuse.build import MeasureConfig
+from autofuse.build import cpu_threads
 from autofuse.importer import random_inputs
 from autofuse.measure import IsolatedMeasurer
 from autofuse.metrics import plan_metrics
@@ -116,7 +117,7 @@ def export(name: str, out_dir: Path) -> tuple[Path, Any]:
 def time_torch(model: Any, args: tuple[Any, ...], compiled: bool, repeat: int) -> list[float]:
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cpu_threads())
     fn = torch.compile(model) if compiled else model
     with torch.inference_mode():
         return time_callable(lambda: fn(*args), repeat)

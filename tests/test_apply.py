@@ -78,9 +78,13 @@ def test_batchnorm_folded_into_conv(model_dir):
     onnx_ops = {n.op_type for n in w.loaded.onnx_model.graph.node} if w.loaded.onnx_model else set()
     assert "BatchNormalization" in onnx_ops or w.loaded.onnx_model is None
     assert "batch_norm" not in w.mod.script() and "rsqrt" not in w.mod.script()
-    # conv -> add(bias) -> relu: the folded bias is an add on the conv output
+    # conv -> add(bias) -> relu: the folded bias is an add on the conv output; the graph is
+    # channels-last inside: one transpose at the input, one where NCHW is needed again
     ops = [n.op for n in w.graph.nodes]
-    assert ops[0].startswith("conv2d") and ops[1].startswith("add")
+    assert ops[0].startswith("transpose")
+    assert ops[1].startswith("conv2d") and ops[2].startswith("add")
+    assert sum(op.startswith("transpose") for op in ops) == 2, ops
+    assert "conv2d_nhwc" in w.mod.script()
     feeds = random_inputs(w.inputs)
     want = run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0]
     got = run_plan(w, w.unfused())[0]

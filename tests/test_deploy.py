@@ -40,6 +40,24 @@ def test_pass_applies_cached_plan_in_a_user_pipeline(transformer, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_pass_finds_conv_plans_before_legalization(conv_block, tmp_path):
+    # the channels-last layout a conv model was tuned in is introduced by the pass itself, so it
+    # must see the module before LegalizeOps (as the README says)
+    w = conv_block
+    plan = SearchSpace(w.graph).plan_of_kinds({"vertical", "reduction"})
+    log_plan(tmp_path, w, plan)
+    fusion = deploy.AutofuseFusion(tmp_path, "llvm", strict=True)
+    fused = tvm.transform.Sequential([fusion])(w.loaded.mod)
+    assert fusion.chosen.source == "log" and fusion.chosen.plan == plan
+    feeds = random_inputs(w.inputs)
+    got = builder.run(builder.build(fused, builder.make_target("llvm")), tvm.cpu(), feeds)[0]
+    want = run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    after_legalize = deploy.AutofuseFusion(tmp_path, "llvm", strict=True)
+    with pytest.raises((deploy.PlanNotFound, RuntimeError)):
+        tvm.transform.Sequential([relax.transform.LegalizeOps(), after_legalize])(w.loaded.mod)
+
+
 def test_pass_falls_back_to_fuseops(mlp, tmp_path):
     fusion = deploy.AutofuseFusion(tmp_path, "llvm")
     with pytest.warns(UserWarning, match="default fusion"):

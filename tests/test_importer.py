@@ -91,3 +91,50 @@ def test_tvmscript_errors(tmp_path):
     broken.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ModelError, match="boom"):
         load_model(broken)
+
+
+def relu6_depthwise_model(path, nan_upper=False):
+    """conv 3->8, Clip(0, 6) (ReLU6; an upper bound of NaN means none), depthwise 3x3 conv."""
+    rng = np.random.default_rng(0)
+    inits = [
+        helper.make_tensor("w1", TensorProto.FLOAT, [8, 3, 1, 1], rng.standard_normal(24).tolist()),
+        helper.make_tensor("w2", TensorProto.FLOAT, [8, 1, 3, 3], rng.standard_normal(72).tolist()),
+        helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("hi", TensorProto.FLOAT, [], [float("nan") if nan_upper else 6.0]),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Clip", ["a", "lo", "hi"], ["b"]),
+        helper.make_node("Conv", ["b", "w2"], ["y"], group=8, pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("nan_upper", [False, True])
+def test_clip_keeps_the_conv_chain_channels_last(tmp_path, nan_upper):
+    from autofuse import build
+    from autofuse.apply import apply_plan
+    from autofuse.importer import random_inputs
+    from autofuse.importer import run_onnxruntime
+
+    w = prepare(relu6_depthwise_model(tmp_path / "m.onnx", nan_upper), simplify=False)
+    ops = [n.op for n in w.graph.nodes]
+    # Clip becomes Relax maximum/minimum, so the NHWC layout flows through it: one transpose
+    # in, one out, none around the activation
+    assert sum(op.startswith("transpose") for op in ops) == 2, ops
+    assert ops[0].startswith("transpose") and ops[-1].startswith("transpose")
+    assert any(op.startswith("maximum") for op in ops)
+    feeds = random_inputs(w.inputs)
+    want = run_onnxruntime(w.loaded.onnx_model, w.inputs, [f * 4 for f in feeds])[0]
+    target = build.make_target("llvm")
+    import tvm
+
+    got = build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), target), tvm.cpu(), [f * 4 for f in feeds])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -11,12 +11,37 @@ from autofuse.schedule import schedule_cpu
 from autofuse.space import SearchSpace
 
 
-def test_matmul_gets_parallel_vectorised_gemm_order(mlp):
+def test_matmul_gets_register_tiled_gemm(mlp):
     fused, kernels = apply.fuse(mlp.mod, mlp.graph, mlp.tvm_default())
     name = next(k for k in kernels if k.startswith("fused_matmul"))
     text = schedule_cpu(fused[name]).script()
-    assert "T.parallel" in text and "T.vectorized" in text and "_init" in text
+    assert "T.vectorized" in text and "_init" in text and 'scope="local"' in text
+    # the MLP's matmuls are too small to pay for waking a second thread
+    assert "T.parallel" not in text
     assert SCHEDULED_ATTR in schedule_cpu(fused[name]).attrs
+
+
+def _matmul(m, n, k, lanes_dtype="float32"):
+    from tvm import te
+
+    a = te.placeholder((m, k), lanes_dtype, name="A")
+    b = te.placeholder((k, n), lanes_dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+def test_big_matmul_runs_in_parallel_and_narrow_outputs_still_vectorise():
+    text = schedule_cpu(_matmul(256, 512, 512), lanes=16).script()
+    assert "T.parallel" in text and "T.vectorized" in text
+    # 8 output columns on a 16-lane machine: half-width vectors, not a scalar loop
+    narrow = schedule_cpu(_matmul(64, 8, 64), lanes=16)
+    assert "T.vectorized(8)" in narrow.script()
+    a, b = np.random.rand(64, 64).astype("float32"), np.random.rand(64, 8).astype("float32")
+    lib = tvm.compile(tvm.IRModule({"main": narrow}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros((64, 8), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_pass_leaves_its_input_alone(transformer):
