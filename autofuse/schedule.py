@@ -176,8 +176,8 @@ def _gemm_tiles(
     if ext_i is None or ext_j is None or width is None:
         return None
     tj = 2 * width if ext_j % (2 * width) == 0 else width
-    ti = next((t for t in (16, 8, 4, 2) if ext_i % t == 0 and t * tj // width <= ACCUMULATORS), 1)
-    io, ii = sch.split(i, [None, ti])
+    ti = _row_tile(ext_i, ACCUMULATORS // (tj // width))
+    io, ii = sch.split(i, [None, ti])  # a partial last tile is predicated
     jo, ji = sch.split(j, [None, tj])
     sch.reorder(*others, io, jo, *r_loops, ii, ji)
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
@@ -193,6 +193,16 @@ def _gemm_tiles(
     sch.decompose_reduction(block, r_loops[0])
     _vectorize_inner(sch, acc, width)
     return par
+
+
+def _row_tile(rows: int, most: int) -> int:
+    """Rows per register tile: the most (up to `most`) whose padding of the last tile wastes at
+    most 1/8 of the work, so a prime row count (ViT's 17 or 197 tokens) still gets a 6- or
+    8-row tile rather than one row at a time."""
+    for t in range(min(most, rows), 1, -1):
+        if (-rows % t) * 8 <= rows:
+            return t
+    return 1
 
 
 def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
