@@ -124,12 +124,14 @@ def tune(
     from autofuse.search import Tuner
     from autofuse.space import SearchSpace
     from autofuse.space import load_limits
+    from autofuse.space import load_resource_limits
     from autofuse.tuning_log import TuningLog
 
     if strategy not in STRATEGIES:
         _fail(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     _run(lambda: _check_target(target))
     space_name, limits = _run(lambda: load_limits(space))
+    resource_limits = _run(lambda: load_resource_limits(space))
     w = _run(lambda: _workload(model, input, log_dir))
     log = TuningLog(log_dir)
     _run(log.records)  # a corrupt log is reported before any work
@@ -146,7 +148,7 @@ def tune(
     measure_cfg = MeasureConfig(repeat=repeat, timeout_s=timeout)
     database = str(log_dir / "metaschedule")
     with IsolatedMeasurer(w, target=target, config=measure_cfg, limits=limits, build_only=build_only,
-                          scheduler=scheduler, database=database) as m:
+                          scheduler=scheduler, database=database, resource_limits=resource_limits) as m:
         make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "

@@ -38,9 +38,12 @@ class XGBCostModel:
     def ready(self) -> bool:
         return self._booster is not None
 
-    def add(self, kernel: str, features: Sequence[float], latency_s: float) -> None:
+    def add(self, kernel: str, features: Sequence[float | None], latency_s: float) -> None:
+        """One measured kernel. Missing features (None, or rows logged before a feature existed)
+        are NaN, which XGBoost treats as missing."""
         if latency_s > 0 and math.isfinite(latency_s):
-            self.samples[kernel] = (list(features), float(latency_s))
+            row = _row(features)
+            self.samples[kernel] = (row, float(latency_s))
 
     def fit(self) -> bool:
         """Retrain on all samples if there are new ones; returns whether the model is ready."""
@@ -71,7 +74,7 @@ class XGBCostModel:
             raise RuntimeError("cost model not trained yet")
         import xgboost as xgb
 
-        x = np.array(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
+        x = np.array([_row(r) for r in rows], dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
         pred = self._booster.predict(xgb.DMatrix(x, feature_names=list(FEATURE_NAMES)))  # type: ignore[union-attr]
         return np.exp2(pred) / 1e6
 
@@ -126,3 +129,8 @@ def kendall_tau(predicted: Sequence[float], measured: Sequence[float]) -> float 
 
     tau = kendalltau(predicted, measured).statistic
     return None if tau is None or math.isnan(tau) else float(tau)
+
+
+def _row(features: Sequence[float | None]) -> list[float]:
+    row = [math.nan if f is None else float(f) for f in features][: len(FEATURE_NAMES)]
+    return row + [math.nan] * (len(FEATURE_NAMES) - len(row))

@@ -2,13 +2,14 @@
 
 A group's cost depends on what it computes (FLOPs, op kinds, anchors, reductions), what it
 moves (bytes in and out of the kernel, intermediate bytes kept inside) and how it iterates
-(loop extents). Everything is computable before building, so the model can screen plans that
-were never compiled.
+(loop extents). Everything but the GPU resource numbers is computable before building, so the model can
+screen plans that were never compiled.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 from autofuse.graph import OpGraph
@@ -40,15 +41,24 @@ FEATURE_NAMES = (
     "external_outputs",
     "arith_intensity",
     "target_cuda",
+    # known only once a CUDA kernel is built (gpu_resources); missing (NaN) otherwise, which
+    # XGBoost routes by a learned default: unbuilt plans can still be screened
+    "gpu_registers",
+    "log_gpu_spill_bytes",
+    "log_gpu_smem_bytes",
 )
+RESOURCE_FEATURES = 3
 
 
 def _log(x: float) -> float:
     return math.log2(1.0 + max(x, 0.0))
 
 
-def group_features(graph: OpGraph, group: Sequence[int], target_kind: str) -> list[float]:
-    """One row of FEATURE_NAMES for `group` (node ids) of `graph` on a target kind."""
+def group_features(
+    graph: OpGraph, group: Sequence[int], target_kind: str, resources: Mapping[str, int] | None = None
+) -> list[float | None]:
+    """One row of FEATURE_NAMES for `group` (node ids) of `graph` on a target kind; `resources`
+    is the built kernel's GPU usage (gpu_resources.KernelResources.to_dict()), if known."""
     members = set(group)
     nodes = [graph.nodes[n] for n in group]
     internal_bytes = 0  # bytes produced and consumed inside the group
@@ -89,4 +99,11 @@ def group_features(graph: OpGraph, group: Sequence[int], target_kind: str) -> li
         float(leaves),
         flops / max(1.0, bytes_in + external_out),
         float(target_kind == "cuda"),
+        *_resource_features(resources),
     ]
+
+
+def _resource_features(resources: Mapping[str, int] | None) -> list[float | None]:
+    if not resources:
+        return [None] * RESOURCE_FEATURES
+    return [float(resources["registers"]), _log(resources["spill_bytes"]), _log(resources["smem_bytes"])]

@@ -25,6 +25,7 @@ from typing import Any
 
 from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
+from autofuse.gpu_resources import ResourceLimits
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.plan import IllegalPlanError
@@ -45,6 +46,8 @@ class Measurement:
     wall_s: float = 0.0
     kernels: tuple[str, ...] = ()  # structural hash of each group's kernel, in plan order
     kernel_latencies_s: dict[str, float] = field(default_factory=dict)  # newly timed kernels
+    # GPU: registers / spill_bytes / smem_bytes / stack_bytes per kernel hash (gpu_resources)
+    resources: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -98,6 +101,7 @@ class IsolatedMeasurer:
         threads: TVM worker threads (0: build.cpu_threads(), one per physical core).
         scheduler: how kernels are scheduled (build.SCHEDULERS; None: the target's default).
         database: MetaSchedule work dir, for scheduler 'metaschedule'.
+        resource_limits: GPU kernels over these are 'over_limit' (gpu_resources).
     """
 
     workload: Workload
@@ -108,6 +112,7 @@ class IsolatedMeasurer:
     threads: int = 0
     scheduler: str | None = None
     database: str | None = None
+    resource_limits: ResourceLimits = field(default_factory=ResourceLimits)
     _worker: _Worker | None = None
     _module_path: str | None = None
 
@@ -141,6 +146,7 @@ class IsolatedMeasurer:
             "known_kernels": sorted(known_kernels),
             "scheduler": scheduler or self.scheduler,
             "database": self.database,
+            "resource_limits": asdict(self.resource_limits),
         }
         result = self._exchange(request, config.timeout_s)
         return Measurement(
@@ -149,7 +155,7 @@ class IsolatedMeasurer:
             latencies_s=tuple(result.pop("latencies_s", ())),
             kernels=tuple(result.pop("kernels", ())),
             wall_s=time.perf_counter() - start,
-            **result,
+            **{k: v for k, v in result.items() if k in Measurement.__dataclass_fields__},
         )
 
     def tune_kernels(self, plan: FusionPlan, trials: int, seed: int = 0, timeout_s: float = 3600.0) -> dict[str, Any]:

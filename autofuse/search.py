@@ -256,10 +256,11 @@ class Tuner:
         config: MeasureConfig | None,
         scheduler: str | None = None,
     ) -> TuningRecord:
-        feats = self._features(plan)
+        kernels = [m.kernels[i] if i < len(m.kernels) else None for i in range(len(plan.groups))]
         groups = [
-            {"nodes": list(g), "kernel": m.kernels[i] if i < len(m.kernels) else None, "features": f}
-            for i, (g, f) in enumerate(zip(plan.groups, feats))
+            {"nodes": list(g), "kernel": k,
+             "features": group_features(self.w.graph, g, self.target_kind, m.resources.get(k or ""))}
+            for g, k in zip(plan.groups, kernels)
         ]
         return TuningRecord(
             model_key=self.w.key,

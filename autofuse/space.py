@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from autofuse.gpu_resources import ResourceLimits
 from autofuse.graph import OpGraph
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
@@ -39,15 +40,23 @@ class Decision:
 
 def load_limits(path_or_name: str | Path | None = None) -> tuple[str, FusionLimits]:
     """Read a search-space file (a path, or a name under search_spaces/); returns (name, limits)."""
-    if path_or_name is None:
-        path_or_name = "default"
-    path = Path(path_or_name)
+    path, data = _read_space(path_or_name)
+    return str(data.get("name", path.stem)), FusionLimits.from_dict(data)
+
+
+def load_resource_limits(path_or_name: str | Path | None = None) -> ResourceLimits:
+    """The GPU resource limits of a search-space file (its "gpu_resources" entry; defaults:
+    255 registers, no spills, the architecture's shared memory per block)."""
+    return ResourceLimits.from_dict(_read_space(path_or_name)[1].get("gpu_resources"))
+
+
+def _read_space(path_or_name: str | Path | None) -> tuple[Path, dict]:
+    path = Path(path_or_name or "default")
     if not path.suffix:
-        path = SPACE_DIR / f"{path_or_name}.json"
+        path = SPACE_DIR / f"{path}.json"
     if not path.is_file():
         raise FileNotFoundError(f"search-space file not found: {path}")
-    data = json.loads(path.read_text())
-    return str(data.get("name", path.stem)), FusionLimits.from_dict(data)
+    return path, json.loads(path.read_text())
 
 
 class SearchSpace:

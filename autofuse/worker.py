@@ -96,6 +96,11 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         return {"status": "build_error", "error": _short(err)}
     out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
     out["kernels"] = [build.kernel_hash(fused, k) for k in kernels]
+    if target.kind.name == "cuda":
+        over = _gpu_resources(ex, target, kernels, out, req.get("resource_limits"))
+        if over:
+            out.update(status="over_limit", rule="resources", error="; ".join(over[:3]))
+            return out
     if req.get("build_only"):
         out["status"] = "built"
         return out
@@ -153,6 +158,32 @@ def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> d
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
     return {"status": "ok", "tuned_kernels": n, "tuning_s": time.perf_counter() - t0}
+
+
+def _gpu_resources(
+    ex: Any, target: Any, kernels: list[str], out: dict[str, Any], limits: dict[str, Any] | None
+) -> list[str]:
+    """Read registers/spills/shared memory of each group's CUDA kernels into out["resources"]
+    (keyed by kernel hash); returns the groups over the limits. Without nvcc nothing is read
+    and nothing is rejected."""
+    from autofuse import gpu_resources as gr
+
+    source = gr.cuda_source(ex.mod)
+    if source is None:
+        return []
+    arch = str(target.attrs.get("arch", "sm_90"))
+    try:
+        usage = gr.by_function(gr.ptxas_usage(source, arch), kernels)
+    except gr.ResourceError:
+        return []
+    rules = gr.ResourceLimits.from_dict(limits)
+    out["resources"] = {}
+    over: list[str] = []
+    for name, key in zip(kernels, out["kernels"]):
+        if name in usage:
+            out["resources"][key] = usage[name].to_dict()
+            over += rules.violations(name, usage[name], arch)
+    return over
 
 
 def _short(err: BaseException) -> str:

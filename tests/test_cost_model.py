@@ -4,6 +4,7 @@ import pytest
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
 from autofuse.features import FEATURE_NAMES
+from autofuse.features import RESOURCE_FEATURES
 from autofuse.features import group_features
 from autofuse.space import SearchSpace
 
@@ -70,4 +71,21 @@ def test_group_features_shape_and_meaning(small, transformer):
     space = SearchSpace(transformer.graph)
     plan = space.plan_of_kinds({"vertical", "horizontal", "reduction"})
     for grp in plan.groups:
-        assert all(np.isfinite(group_features(transformer.graph, grp, "llvm")))
+        row = group_features(transformer.graph, grp, "llvm")
+        assert all(np.isfinite(row[: -RESOURCE_FEATURES]))
+        assert row[-RESOURCE_FEATURES:] == [None] * RESOURCE_FEATURES  # unknown until built for CUDA
+    built = group_features(g, (4, 6), "cuda", {"registers": 40, "spill_bytes": 0, "smem_bytes": 1024, "stack_bytes": 0})
+    assert built[i["gpu_registers"]] == 40 and built[i["log_gpu_smem_bytes"]] > 0
+
+
+def test_model_trains_and_predicts_with_missing_resource_features(small):
+    model = XGBCostModel(min_samples=4)
+    rng = np.random.default_rng(0)
+    groups = [(0,), (1,), (2,), (3,), (4,), (1, 2), (4, 6)]
+    for k, grp in enumerate(groups):
+        res = {"registers": 30 + k, "spill_bytes": 0, "smem_bytes": 0, "stack_bytes": 0} if k % 2 else None
+        model.add(f"k{k}", group_features(small.graph, grp, "cuda", res), 1e-5 * (1 + rng.random()))
+    model.add("old_row", [1.0] * 21, 1e-5)  # a row logged before the resource features existed
+    assert model.fit()
+    pred = model.predict_groups([group_features(small.graph, (0,), "cuda")])
+    assert pred.shape == (1,) and np.isfinite(pred).all()
