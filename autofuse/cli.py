@@ -78,12 +78,13 @@ def _scheduler(target: str, scheduler: str | None) -> str:
 
 def _run(fn: Any) -> Any:
     """Call fn, turning the library's user-facing errors into one-line exits."""
+    from autofuse.batch import BatchError
     from autofuse.deploy import PlanNotFound
     from autofuse.tuning_log import LogError
 
     try:
         return fn()
-    except (ModelError, LogError, PlanNotFound, UserError, FileNotFoundError) as e:
+    except (ModelError, LogError, PlanNotFound, UserError, FileNotFoundError, BatchError) as e:
         _fail(str(e))
     except ValueError as e:  # targets, space files, plan JSON
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -375,6 +376,62 @@ def merge(
     for warning in log.warnings:
         err.print(f"autofuse: warning: {warning}")
     out.print(f"merged {added} new records into {log.path} ({len(log.records())} in all)")
+
+
+@app.command("export-batch")
+def export_batch_cmd(
+    model: ModelArg = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Batch directory to write.")] = Path("batch"),
+    input: InputOpt = None,
+    target: TargetOpt = "cuda",
+    plans: Annotated[int, typer.Option(help="How many candidate plans to export.")] = 12,
+    log_dir: LogDirOpt = Path("tuning_logs"),
+    space: Annotated[str, typer.Option(help="Search-space file or name under search_spaces/.")] = "gpu",
+    scheduler: Annotated[Optional[str], typer.Option(help="Kernel scheduler (default: the target's).")] = None,
+    seed: int = 0,
+) -> None:
+    """Compile candidate plans of MODEL into a batch that runner.py measures on another machine
+    (TVM runtime only, or through TVM RPC); `autofuse ingest` brings the results back."""
+    from autofuse.batch import candidate_plans
+    from autofuse.batch import export_batch
+    from autofuse.measure import IsolatedMeasurer
+    from autofuse.space import SearchSpace
+    from autofuse.space import load_limits
+    from autofuse.space import load_resource_limits
+    from autofuse.tuning_log import TuningLog
+
+    _run(lambda: _check_target(target))
+    _, limits = _run(lambda: load_limits(space))
+    resource_limits = _run(lambda: load_resource_limits(space))
+    w = _run(lambda: _workload(model, input, log_dir))
+    log = TuningLog(log_dir)
+    _run(log.records)
+    sched = _run(lambda: _scheduler(target, scheduler))
+    chosen = candidate_plans(w, SearchSpace(w.graph, limits), plans, target, log, seed)
+    with IsolatedMeasurer(w, target=target, limits=limits, scheduler=sched, database=str(log_dir / "metaschedule"),
+                          resource_limits=resource_limits) as m:
+        manifest = _run(lambda: export_batch(m, chosen, out_dir, sched,
+                                             lambda label, status: out.print(f"  {label:<28} {status}")))
+    out.print(f"batch {manifest['batch']}: {len(manifest['entries'])} plans in {out_dir}, "
+              f"{len(manifest['rejected'])} rejected here; measure with\n"
+              f"  python {out_dir}/runner.py {out_dir} --out results.json\n"
+              f"then: autofuse ingest {out_dir} results.json --log-dir {log_dir}")
+
+
+@app.command()
+def ingest(
+    batch_dir: Annotated[Path, typer.Argument(help="The batch directory (its manifest.json).")],
+    results: Annotated[Path, typer.Argument(help="runner.py's results JSON.")],
+    log_dir: LogDirOpt = Path("tuning_logs"),
+) -> None:
+    """Append a remote batch's measurements to the tuning log (the search reads them)."""
+    from autofuse.batch import ingest as ingest_results
+    from autofuse.tuning_log import TuningLog
+
+    log = TuningLog(log_dir)
+    _run(log.records)
+    n = _run(lambda: ingest_results(log, batch_dir, results))
+    out.print(f"ingested {n} records into {log.path}")
 
 
 def main() -> None:

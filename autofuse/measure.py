@@ -158,6 +158,25 @@ class IsolatedMeasurer:
             **{k: v for k, v in result.items() if k in Measurement.__dataclass_fields__},
         )
 
+    def export(self, plan: FusionPlan, library: str, scheduler: str | None = None) -> dict[str, Any]:
+        """Build `plan` and export its library to `library` (in the worker) for another machine to
+        measure; returns the worker's result (status 'built' or the failure, kernel hashes,
+        GPU resources, each kernel's buffer shapes)."""
+        try:
+            validate(self.workload.graph, plan, self.limits)
+        except IllegalPlanError as err:
+            return {"status": "illegal", "error": str(err), "rule": err.rule}
+        request = {
+            "groups": [list(g) for g in plan.groups], "target": self.target, "config": asdict(self.config),
+            "export_to": library, "scheduler": scheduler or self.scheduler, "database": self.database,
+            "resource_limits": asdict(self.resource_limits),
+        }
+        return self._exchange(request, self.config.timeout_s)
+
+    def write_reference(self, out_dir: str) -> dict[str, Any]:
+        """Save the workload's inputs and its unfused CPU outputs as .npy files in `out_dir`."""
+        return self._exchange({"op": "reference", "out_dir": out_dir}, self.config.timeout_s)
+
     def tune_kernels(self, plan: FusionPlan, trials: int, seed: int = 0, timeout_s: float = 3600.0) -> dict[str, Any]:
         """MetaSchedule-tune the plan's kernels into `self.database` (in the worker process)."""
         if not self.database:

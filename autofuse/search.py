@@ -189,8 +189,10 @@ class Tuner:
                 self.group_kernel[tuple(g["nodes"])] = kernel
         if rec.model_key == self.w.key and rec.role != "best":
             m = Measurement.from_dict(rec.measurement)
-            if m.status != "illegal":
-                self.measured.setdefault(rec.plan_key, m)
+            known = self.measured.get(rec.plan_key)
+            # a timed result (e.g. ingested from a remote device) replaces a build-only one
+            if m.status != "illegal" and (known is None or (m.ok and not known.ok)):
+                self.measured[rec.plan_key] = m
             self._note_overhead(rec.groups, m)
 
     def _note_overhead(self, groups: list[dict[str, Any]], m: Measurement) -> None:

@@ -10,6 +10,7 @@ Protocol over a multiprocessing Connection: the parent sends a request dict; the
 
 from __future__ import annotations
 
+import os
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -85,6 +86,8 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
 
     if req.get("op") == "tune_kernels":
         return _tune_kernels(session, req, conn)
+    if req.get("op") == "reference":
+        return _write_reference(session, req)
     cfg = build.MeasureConfig(**req["config"])
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
@@ -101,7 +104,14 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         if over:
             out.update(status="over_limit", rule="resources", error="; ".join(over[:3]))
             return out
-    if req.get("build_only"):
+    if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
+        ex.export_library(req["export_to"])
+        out["kernel_params"] = {
+            h: [[[int(d) for d in b.shape], str(b.dtype)] for b in scheduled[n].params]
+            for n, h in zip(kernels, out["kernels"])
+        }
+        out["kernel_names"] = dict(zip(out["kernels"], kernels))
+    if req.get("build_only") or req.get("export_to"):
         out["status"] = "built"
         return out
     conn.send(("stage", "run"))
@@ -158,6 +168,22 @@ def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> d
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
     return {"status": "ok", "tuned_kernels": n, "tuning_s": time.perf_counter() - t0}
+
+
+def _write_reference(session: _Session, req: dict[str, Any]) -> dict[str, Any]:
+    """Save the inputs and the unfused CPU reference outputs as .npy files in req["out_dir"]."""
+    out_dir = req["out_dir"]
+    want = session.ref_outputs("llvm")
+    inputs, expected = [], []
+    for spec, x in zip(session.specs, session.feeds):
+        name = f"input_{len(inputs)}.npy"
+        np.save(os.path.join(out_dir, name), x)
+        inputs.append({"name": spec.name, "file": name, "shape": list(x.shape), "dtype": str(x.dtype)})
+    for k, y in enumerate(want):
+        expected.append(f"expected_{k}.npy")
+        np.save(os.path.join(out_dir, expected[-1]), y)
+    return {"status": "ok", "inputs": inputs, "expected": expected,
+            "tolerance": list(tolerance(str(want[0].dtype))) if want else [1e-4, 1e-5]}
 
 
 def _gpu_resources(

@@ -1,0 +1,178 @@
+"""Batches of compiled plans measured elsewhere: export here, run with `runner.py` on the device
+host (TVM runtime only) or through TVM RPC, ingest the results into the tuning log.
+
+This is how GPU tuning works when the tuning host has no GPU: it compiles (CUDA code generation
+and ptxas need no device), a remote device measures, and the search continues from the log
+with real numbers. A batch directory holds:
+
+    manifest.json        model key, target, inputs/expected outputs, one entry per plan
+    runner.py            the self-contained runner (copied from autofuse/runner.py)
+    input_*.npy, expected_*.npy
+    plans/<plan key>.so  one exported Relax executable per plan
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from autofuse.features import group_features
+from autofuse.measure import IsolatedMeasurer
+from autofuse.measure import Measurement
+from autofuse.metrics import plan_metrics
+from autofuse.plan import FusionPlan
+from autofuse.space import SearchSpace
+from autofuse.tuning_log import TuningLog
+from autofuse.tuning_log import TuningRecord
+from autofuse.workload import Workload
+
+BATCH_SCHEMA = 1
+
+
+class BatchError(ValueError):
+    """A batch or results file that cannot be used (one line, for the CLI)."""
+
+
+def candidate_plans(
+    w: Workload, space: SearchSpace, count: int, target: str, log: TuningLog | None = None, seed: int = 0
+) -> list[tuple[str, FusionPlan]]:
+    """Up to `count` distinct plans worth measuring on the device: the baselines (unfused, TVM's
+    default), the plans of each fusion kind, the log's plans for this model and target that
+    built (best first), then random points of the plan space."""
+    out: dict[str, tuple[str, FusionPlan]] = {}
+
+    def add(label: str, plan: FusionPlan) -> None:
+        if plan.key not in out and len(out) < count:
+            out[plan.key] = (label, plan)
+
+    add("unfused", w.unfused())
+    add("tvm_default", w.tvm_default())
+    for kinds in (("vertical",), ("vertical", "horizontal"), ("vertical", "reduction"),
+                  ("vertical", "horizontal", "reduction")):
+        add("+".join(kinds), space.plan_of_kinds(set(kinds)))
+    if log is not None:
+        mine = [r for r in log.records() if r.model_key == w.key and r.target == target
+                and r.status in ("ok", "built") and r.role != "best"]
+        mine.sort(key=lambda r: (r.measurement.get("median_s") or r.predicted_s or float("inf")))
+        for r in mine:
+            add(f"log:{r.plan_key[:8]}", FusionPlan.from_dict(r.plan))
+    rng = random.Random(seed)
+    for _ in range(20 * count):
+        if len(out) >= count:
+            break
+        params = {d.id: rng.random() < 0.5 for d in space.decisions}
+        add(f"random:{len(out)}", space.decode(params))
+    return list(out.values())
+
+
+def export_batch(
+    measurer: IsolatedMeasurer,
+    plans: list[tuple[str, FusionPlan]],
+    out_dir: str | Path,
+    scheduler: str,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Build and export `plans` (in the measurer's worker) with the inputs, the expected outputs
+    and the runner; returns the manifest. Plans that do not build, or exceed the GPU resource
+    limits, are listed under "rejected" with their status: they are measured here already."""
+    w = measurer.workload
+    out = Path(out_dir)
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    ref = measurer.write_reference(str(out))
+    if ref.get("status") != "ok":
+        raise BatchError(f"could not compute the reference outputs: {ref.get('error')}")
+    target_kind = "cuda" if measurer.target.startswith("cuda") else "llvm"
+    manifest: dict[str, Any] = {
+        "schema": BATCH_SCHEMA,
+        "batch": uuid.uuid4().hex[:12],
+        "model_key": w.key,
+        "model_name": w.name,
+        "target": measurer.target,
+        "scheduler": scheduler,
+        "inputs": ref["inputs"],
+        "expected": ref["expected"],
+        "tolerance": ref["tolerance"],
+        "entries": [],
+        "rejected": [],
+    }
+    for label, plan in plans:
+        library = f"plans/{plan.key}.so"
+        res = measurer.export(plan, str(out / library))
+        resources = res.get("resources") or {}
+        kernels = res.get("kernels") or []
+        groups = [
+            {"nodes": list(g), "kernel": k,
+             "features": group_features(w.graph, g, target_kind, resources.get(k))}
+            for g, k in zip(plan.groups, kernels + [None] * (len(plan.groups) - len(kernels)))
+        ]
+        entry = {"label": label, "plan_key": plan.key, "plan": plan.to_dict(), "groups": groups,
+                 "kernels": kernels, "resources": resources, "metrics": plan_metrics(w.graph, plan).to_dict(),
+                 "compile_s": res.get("compile_s")}
+        if res.get("status") == "built":
+            entry.update(library=library, kernel_params=res.get("kernel_params", {}),
+                         kernel_names=res.get("kernel_names", {}))
+            manifest["entries"].append(entry)
+        else:
+            entry.update(status=res.get("status"), error=res.get("error"), rule=res.get("rule"))
+            manifest["rejected"].append(entry)
+        if progress is not None:
+            progress(label, res.get("status"))
+    shutil.copy(Path(__file__).with_name("runner.py"), out / "runner.py")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path) -> int:
+    """Append the runner's results (and the batch's rejected plans) to `log` as measurements;
+    returns how many records were written. The tuner reads them like its own."""
+    manifest = _read_json(Path(batch_dir) / "manifest.json", "batch manifest")
+    results = _read_json(Path(results_path), "runner results")
+    if results.get("batch") != manifest.get("batch"):
+        raise BatchError(f"{results_path} is for batch {results.get('batch')}, not {manifest.get('batch')}")
+    entries = {e["plan_key"]: e for e in manifest["entries"]}
+    records = []
+    for row in results.get("results", []):
+        entry = entries.get(row.get("plan_key"))
+        if entry is None:
+            raise BatchError(f"{results_path}: plan {row.get('plan_key')} is not in the batch")
+        m = Measurement(
+            entry["plan_key"], row.get("status", "runtime_error"), latencies_s=tuple(row.get("latencies_s") or ()),
+            compile_s=entry.get("compile_s"), max_abs_err=row.get("max_abs_err"), error=row.get("error"),
+            kernels=tuple(entry["kernels"]), resources=entry.get("resources") or {},
+            kernel_latencies_s=row.get("kernel_latencies_s") or {},
+        )
+        records.append(_record(manifest, entry, m, results.get("device", ""), results.get("protocol") or {}))
+    for entry in manifest.get("rejected", []):
+        m = Measurement(entry["plan_key"], entry.get("status") or "build_error", error=entry.get("error"),
+                        rule=entry.get("rule"), kernels=tuple(entry.get("kernels") or ()),
+                        resources=entry.get("resources") or {})
+        records.append(_record(manifest, entry, m, "", {}))
+    for rec in records:
+        log.append(rec)
+    return len(records)
+
+
+def _record(manifest: dict[str, Any], entry: dict[str, Any], m: Measurement, device: str,
+            protocol: dict[str, Any]) -> TuningRecord:
+    return TuningRecord(
+        model_key=manifest["model_key"], model_name=manifest["model_name"], target=manifest["target"],
+        scheduler=manifest["scheduler"], plan=entry["plan"], measurement=m.to_dict(),
+        metrics=entry.get("metrics") or {}, groups=entry.get("groups") or [], protocol=protocol,
+        role="remote", device=device, study=f"batch:{manifest['batch']}",
+    )
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BatchError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as err:
+        raise BatchError(f"{path} is not a valid {what}: {err}") from None
+    if not isinstance(data, dict):
+        raise BatchError(f"{path} is not a valid {what}")
+    return data
