@@ -115,14 +115,7 @@ def schedule(
 
 def _schedule_passes(target: tvm.target.Target, scheduler: str, database: str | None) -> list[tvm.transform.Pass]:
     if scheduler == "dlight" or target.kind.name == "cuda":
-        from tvm.s_tir import dlight as dl
-
-        return [
-            dl.ApplyDefaultSchedule(
-                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                dl.gpu.Fallback(),
-            )
-        ]
+        return [DLightWithFallback()]
     if scheduler == "none":
         return []
     from autofuse.schedule import ScheduleCPU
@@ -132,6 +125,42 @@ def _schedule_passes(target: tvm.target.Target, scheduler: str, database: str | 
     if scheduler == "metaschedule" and database and os.path.exists(os.path.join(database, "database_workload.json")):
         passes.append(relax.transform.MetaScheduleApplyDatabase(database))
     return passes + [ScheduleCPU(vector_bits(target))]
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutofuseDLight")
+class DLightWithFallback:
+    """DLight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback) kernel by kernel,
+    where a rule that raises on a fused kernel passes it on to the next rule instead of failing
+    the whole module (DLight's own pass stops at the first exception). Run inside `with target`."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from tvm import tirx
+        from tvm.s_tir import dlight as dl
+
+        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        out = mod.clone()
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or func.attrs and "tirx.is_scheduled" in func.attrs:
+                continue
+            for rule in rules:
+                try:
+                    one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
+                except Exception:  # the rule cannot schedule this kernel: try the next one
+                    continue
+                scheduled = one[gv.name_hint]
+                if scheduled.attrs and "tirx.is_scheduled" in scheduled.attrs and _lowers(scheduled):
+                    out[gv] = scheduled
+                    break
+        return out
+
+
+def _lowers(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether a scheduled kernel passes TIR's well-formedness check (some DLight schedules of
+    fused kernels use a buffer before defining it and would fail the build later)."""
+    try:
+        return bool(tvm.tirx.analysis.verify_well_formed(func, assert_mode=False))
+    except Exception:
+        return False
 
 
 def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:

@@ -99,6 +99,20 @@ def test_cuda_builds_without_gpu(transformer):
         assert ex is not None
 
 
+@pytest.mark.parametrize("name", ["mlp", "transformer", "conv_block"])
+def test_random_cuda_plans_build_with_dlight_fallbacks(name, request):
+    # DLight's Matmul rule raises on some fused groups (an mlp plan: AssertionError) or leaves
+    # an ill-formed kernel (GPT-2 plans): the next rule schedules such a kernel instead
+    from autofuse.batch import candidate_plans
+    from autofuse.space import load_limits
+
+    w = request.getfixturevalue(name)
+    _, limits = load_limits("gpu")
+    t = build.make_target("cuda")
+    for _, plan in candidate_plans(w, SearchSpace(w.graph, limits), 8, "cuda"):
+        assert build.build(apply.apply_plan(w.mod, w.graph, plan), t) is not None
+
+
 def _random_plan(space, data):
     return space.decode({d.id: data.draw(st.booleans()) for d in space.decisions})
 
