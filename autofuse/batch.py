@@ -17,6 +17,7 @@ import json
 import random
 import shutil
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,10 @@ def export_batch(
     return manifest
 
 
-def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path) -> int:
-    """Append the runner's results (and the batch's rejected plans) to `log` as measurements;
-    returns how many records were written. The tuner reads them like its own."""
+def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path, min_gain: float = 0.02) -> int:
+    """Append the runner's results (and the batch's rejected plans) to `log` as measurements,
+    then the batch's decision (see `_decision`); returns how many measurements were written.
+    The tuner reads them like its own."""
     manifest = _read_json(Path(batch_dir) / "manifest.json", "batch manifest")
     results = _read_json(Path(results_path), "runner results")
     if results.get("batch") != manifest.get("batch"):
@@ -151,9 +153,27 @@ def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path) -> i
                         rule=entry.get("rule"), kernels=tuple(entry.get("kernels") or ()),
                         resources=entry.get("resources") or {})
         records.append(_record(manifest, entry, m, "", {}))
-    for rec in records:
+    best = _decision(manifest, records, min_gain)
+    for rec in records + ([best] if best else []):
         log.append(rec)
     return len(records)
+
+
+def _decision(manifest: dict[str, Any], records: list[TuningRecord], min_gain: float) -> TuningRecord | None:
+    """The batch's deployable plan, by the tuner's rule: the fastest correct plan, unless it
+    beats tvm_default (timed in the same run, on the same device) by no more than the noise and
+    `min_gain`. Logged as a 'best' record, which deployment reads first."""
+    from autofuse.search import decide_over_default
+
+    timed = {r.plan_key: r for r in records if r.status == "ok" and r.median_s}
+    default = next((e["plan_key"] for e in manifest["entries"] if e["label"] == "tvm_default"), None)
+    if not timed or default not in timed:
+        return None
+    medians = {k: r.median_s for k, r in timed.items()}
+    noise = {k: r.measurement.get("spread") or 0.0 for k, r in timed.items()}
+    key, _ = decide_over_default(medians, noise, default, min_gain)  # type: ignore[arg-type]
+    chosen = timed[key]
+    return replace(chosen, role="best", id=uuid.uuid4().hex)
 
 
 def _record(manifest: dict[str, Any], entry: dict[str, Any], m: Measurement, device: str,

@@ -456,19 +456,9 @@ class Tuner:
     def _decide(
         self, good: dict[str, Measurement], noise: dict[str, float], default: FusionPlan, plans: dict[str, FusionPlan]
     ) -> tuple[FusionPlan, str]:
-        """The fastest plan, unless it beats tvm_default by no more than noise and min gain."""
-        winner_key = min(good, key=lambda k: good[k].median_s or 0.0)
-        dm = good.get(default.key)
-        if winner_key == default.key or dm is None:
-            return plans.get(winner_key, default), "fastest finalist"
-        gain = (dm.median_s - good[winner_key].median_s) / dm.median_s  # type: ignore[operator]
-        drift = max(noise[winner_key], noise[default.key])
-        if gain <= max(self.cfg.min_gain, drift):
-            return default, (
-                f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
-                f"and min gain ({self.cfg.min_gain:.0%}): kept tvm_default"
-            )
-        return plans[winner_key], f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"
+        medians = {k: m.median_s for k, m in good.items() if m.median_s}
+        key, reason = decide_over_default(medians, noise, default.key, self.cfg.min_gain)
+        return plans.get(key, default), reason
 
     def _finalize_tuned(
         self,
@@ -627,3 +617,21 @@ def summarize(
     b, d = out["latency_s"]["best"], out["latency_s"]["tvm_default"]
     out["speedup_vs_tvm_default"] = d / b if b and d else None
     return out
+
+
+def decide_over_default(
+    medians: dict[str, float], noise: dict[str, float], default_key: str, min_gain: float
+) -> tuple[str, str]:
+    """The fastest plan's key, unless it beats tvm_default (measured in the same run) by no more
+    than the noise of either and `min_gain`: then tvm_default's. Returns (key, reason)."""
+    winner = min(medians, key=medians.__getitem__)
+    if winner == default_key or default_key not in medians:
+        return winner, "fastest finalist"
+    gain = (medians[default_key] - medians[winner]) / medians[default_key]
+    drift = max(noise.get(winner, 0.0), noise.get(default_key, 0.0))
+    if gain <= max(min_gain, drift):
+        return default_key, (
+            f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
+            f"and min gain ({min_gain:.0%}): kept tvm_default"
+        )
+    return winner, f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"

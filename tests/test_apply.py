@@ -101,16 +101,20 @@ def test_cuda_builds_without_gpu(transformer):
 
 @pytest.mark.parametrize("name", ["mlp", "transformer", "conv_block"])
 def test_random_cuda_plans_build_with_dlight_fallbacks(name, request):
-    # DLight's Matmul rule raises on some fused groups (an mlp plan: AssertionError) or leaves
-    # an ill-formed kernel (GPT-2 plans): the next rule schedules such a kernel instead
+    # DLight's Matmul rule raises on some fused groups (an mlp plan: AssertionError): the next
+    # rule schedules such a kernel instead; every kernel lands in the CUDA module (an
+    # unscheduled one would silently be compiled for the host)
     from autofuse.batch import candidate_plans
+    from autofuse.gpu_resources import cuda_source
     from autofuse.space import load_limits
 
     w = request.getfixturevalue(name)
     _, limits = load_limits("gpu")
     t = build.make_target("cuda")
     for _, plan in candidate_plans(w, SearchSpace(w.graph, limits), 8, "cuda"):
-        assert build.build(apply.apply_plan(w.mod, w.graph, plan), t) is not None
+        fused, kernels = apply.fuse(w.mod, w.graph, plan)
+        source = cuda_source(build.build(fused, t).mod)
+        assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
 
 
 def _random_plan(space, data):
