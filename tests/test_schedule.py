@@ -44,6 +44,18 @@ def test_big_matmul_runs_in_parallel_and_narrow_outputs_still_vectorise():
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_prime_row_count_gets_a_predicated_row_tile():
+    # 17 rows (ViT's tokens): a 6-row tile with a partial, predicated last tile, not 1 row
+    func = schedule_cpu(_matmul(17, 32, 64), lanes=16)
+    text = func.script()
+    assert "T.unroll(6)" in text and "T.where" in text
+    a, b = np.random.rand(17, 64).astype("float32"), np.random.rand(64, 32).astype("float32")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros((17, 32), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
 def test_pass_leaves_its_input_alone(transformer):
     fused = apply.apply_plan(transformer.mod, transformer.graph, transformer.tvm_default())
     before = fused.script()
