@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -229,6 +230,9 @@ class IsolatedMeasurer:
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # TVM and MetaSchedule print progress there
+            # its own process group: MetaSchedule's builder/runner pools are the worker's
+            # children and would outlive it (400 MB each) if only the worker were killed
+            start_new_session=True,
         )
         theirs.close()
         parent = Connection(ours.detach())
@@ -244,8 +248,12 @@ class IsolatedMeasurer:
         return self._worker
 
     def _kill(self) -> None:
+        """Kill the worker and everything it started (its process group)."""
         if self._worker is not None:
-            self._worker.process.kill()
+            try:
+                os.killpg(self._worker.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self._worker.process.kill()
             self._worker.process.wait(5)
             self._worker.conn.close()
             self._worker = None

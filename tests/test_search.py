@@ -114,8 +114,24 @@ def test_metaschedule_stage_on_real_kernels(small, tmp_path):
     db = tmp_path / "metaschedule"
     with IsolatedMeasurer(small, config=MeasureConfig(repeat=3, min_repeat_ms=5), database=str(db)) as m:
         result = Tuner(small, "llvm", m, TuningLog(tmp_path), cfg, scheduler="rules").run()
+        group = m._worker.process.pid
     assert result.summary["scheduler"] == "metaschedule"
+    # MetaSchedule's builder/runner pools (children of the worker) die with it
+    import os
+    import time
+
+    time.sleep(0.5)
+    left = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(p) == group]
+    assert not left, left
     assert (db / "database_tuning_record.json").stat().st_size > 0
     best = TuningLog(tmp_path).best(small.key, "llvm")
     assert best.role == "best" and best.scheduler == "metaschedule"
     assert set(result.summary["tuned_latency_s"]) == set(result.summary["cheap_schedule_latency_s"])
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
