@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -104,6 +105,7 @@ def test_runner_through_tvm_rpc(cpu_batch, tmp_path):
         [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
          "--port-end", str(port + 1)],
         env=dict(os.environ, TVM_NUM_THREADS="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the server serves from a child process: kill them together
     )
     try:
         deadline = time.time() + 60
@@ -115,7 +117,7 @@ def test_runner_through_tvm_rpc(cpu_batch, tmp_path):
                 time.sleep(0.5)
         results = _runner(batch, tmp_path / "rpc.json", "--rpc", f"127.0.0.1:{port}")
     finally:
-        server.kill()
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait(10)
     assert [r["status"] for r in results["results"]] == ["ok"] * len(manifest["entries"])
     assert results["host"] == f"127.0.0.1:{port}"
