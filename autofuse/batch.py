@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autofuse.features import group_features
+from autofuse.features import group_rows
 from autofuse.measure import IsolatedMeasurer
 from autofuse.measure import Measurement
 from autofuse.metrics import plan_metrics
@@ -105,11 +105,7 @@ def export_batch(
         res = measurer.export(plan, str(out / library))
         resources = res.get("resources") or {}
         kernels = res.get("kernels") or []
-        groups = [
-            {"nodes": list(g), "kernel": k,
-             "features": group_features(w.graph, g, target_kind, resources.get(k))}
-            for g, k in zip(plan.groups, kernels + [None] * (len(plan.groups) - len(kernels)))
-        ]
+        groups = group_rows(w.graph, plan.groups, kernels, target_kind, resources)
         entry = {"label": label, "plan_key": plan.key, "plan": plan.to_dict(), "groups": groups,
                  "kernels": kernels, "resources": resources, "metrics": plan_metrics(w.graph, plan).to_dict(),
                  "compile_s": res.get("compile_s")}

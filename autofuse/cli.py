@@ -7,10 +7,8 @@ log, target, search-space file) print one line `autofuse: error: ...` and exit w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Annotated

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
 
 from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
@@ -101,6 +102,23 @@ def group_features(
         float(target_kind == "cuda"),
         *_resource_features(resources),
     ]
+
+
+def group_rows(
+    graph: OpGraph,
+    groups: Sequence[Sequence[int]],
+    kernels: Sequence[str],
+    target_kind: str,
+    resources: Mapping[str, Mapping[str, int]],
+) -> list[dict[str, Any]]:
+    """The per-group part of a log record: nodes, kernel hash (None where the build did not get
+    that far) and features, with GPU resources where the kernel was built for CUDA."""
+    out = []
+    for i, group in enumerate(groups):
+        kernel = kernels[i] if i < len(kernels) else None
+        feats = group_features(graph, group, target_kind, resources.get(kernel) if kernel else None)
+        out.append({"nodes": list(group), "kernel": kernel, "features": feats})
+    return out
 
 
 def _resource_features(resources: Mapping[str, int] | None) -> list[float | None]:

@@ -10,8 +10,8 @@ operator) raise ModelError with a one-line message.
 from __future__ import annotations
 
 import runpy
-from contextlib import contextmanager
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -213,7 +213,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
     try:
         with _relax_clip():
             mod = from_onnx(
-            model,
+                model,
                 shape_dict={s.name: list(s.shape) for s in specs},
                 dtype_dict={s.name: s.dtype for s in specs},
                 keep_params_in_input=False,

@@ -135,20 +135,10 @@ class IsolatedMeasurer:
         start = time.perf_counter()
         config = config or self.config
         try:
-            validate(self.workload.graph, plan, self.limits)
+            request = self._plan_request(plan, config, scheduler, build_only=self.build_only,
+                                         time_groups=time_groups, known_kernels=sorted(known_kernels))
         except IllegalPlanError as err:
             return Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
-        request = {
-            "groups": [list(g) for g in plan.groups],
-            "target": self.target,
-            "config": asdict(config),
-            "build_only": self.build_only,
-            "time_groups": time_groups,
-            "known_kernels": sorted(known_kernels),
-            "scheduler": scheduler or self.scheduler,
-            "database": self.database,
-            "resource_limits": asdict(self.resource_limits),
-        }
         result = self._exchange(request, config.timeout_s)
         return Measurement(
             plan.key,
@@ -164,15 +154,26 @@ class IsolatedMeasurer:
         measure; returns the worker's result (status 'built' or the failure, kernel hashes,
         GPU resources, each kernel's buffer shapes)."""
         try:
-            validate(self.workload.graph, plan, self.limits)
+            request = self._plan_request(plan, self.config, scheduler, export_to=library)
         except IllegalPlanError as err:
             return {"status": "illegal", "error": str(err), "rule": err.rule}
-        request = {
-            "groups": [list(g) for g in plan.groups], "target": self.target, "config": asdict(self.config),
-            "export_to": library, "scheduler": scheduler or self.scheduler, "database": self.database,
-            "resource_limits": asdict(self.resource_limits),
-        }
         return self._exchange(request, self.config.timeout_s)
+
+    def _plan_request(
+        self, plan: FusionPlan, config: MeasureConfig, scheduler: str | None, **extra: Any
+    ) -> dict[str, Any]:
+        """The worker request for `plan`; raises IllegalPlanError when the plan breaks the
+        measurer's limits (checked here, so nothing is built for it)."""
+        validate(self.workload.graph, plan, self.limits)
+        return {
+            "groups": [list(g) for g in plan.groups],
+            "target": self.target,
+            "config": asdict(config),
+            "scheduler": scheduler or self.scheduler,
+            "database": self.database,
+            "resource_limits": asdict(self.resource_limits),
+            **extra,
+        }
 
     def write_reference(self, out_dir: str) -> dict[str, Any]:
         """Save the workload's inputs and its unfused CPU outputs as .npy files in `out_dir`."""

@@ -71,6 +71,7 @@ def _flatten(out):  # noqa: ANN001, ANN202
 
 
 def _close(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: float) -> tuple[bool, float]:
+    # worker.compare's rule with the batch's tolerances, restated: this file may not import autofuse
     if len(got) != len(want):
         return False, float("inf")
     worst = 0.0

@@ -85,7 +85,7 @@ def _schedule_spatial(
     serial for LLVM to handle."""
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
     width = _vector_width(_extent(sch, loops[-1]), lanes)
-    if width is not None and (_extent(sch, loops[-1]) or 0) >= width:
+    if width is not None:  # it divides the extent
         rest, inner = sch.split(loops[-1], [None, width])
         outer = sch.fuse(*loops[:-1], rest) if loops[:-1] else rest
         sch.vectorize(inner)

@@ -32,6 +32,7 @@ from autofuse.build import MeasureConfig
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
 from autofuse.features import group_features
+from autofuse.features import group_rows
 from autofuse.measure import Measurement
 from autofuse.metrics import plan_metrics
 from autofuse.plan import FusionLimits
@@ -258,12 +259,7 @@ class Tuner:
         config: MeasureConfig | None,
         scheduler: str | None = None,
     ) -> TuningRecord:
-        kernels = [m.kernels[i] if i < len(m.kernels) else None for i in range(len(plan.groups))]
-        groups = [
-            {"nodes": list(g), "kernel": k,
-             "features": group_features(self.w.graph, g, self.target_kind, m.resources.get(k or ""))}
-            for g, k in zip(plan.groups, kernels)
-        ]
+        groups = group_rows(self.w.graph, plan.groups, m.kernels, self.target_kind, m.resources)
         return TuningRecord(
             model_key=self.w.key,
             model_name=self.w.name,

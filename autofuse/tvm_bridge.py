@@ -110,12 +110,11 @@ class _VectorMathRewriter(relax.PyExprMutator):
         if not isinstance(exponent, tvm.ir.expr.Constant):
             return None
         value = exponent.value.numpy()
-        if value.size != 1 or float(value.reshape(())) not in (2.0, 3.0):
+        power = float(value.reshape(())) if value.size == 1 else None
+        if power not in (2.0, 3.0):
             return None
         out = self._emit(relax.op.multiply(base, base))
-        if float(value.reshape(())) == 3.0:
-            out = self._emit(relax.op.multiply(out, base))
-        return out
+        return self._emit(relax.op.multiply(out, base)) if power == 3.0 else out
 
 
 def _c(value: float, dtype: str) -> relax.Expr:

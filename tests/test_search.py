@@ -2,7 +2,6 @@ import itertools
 
 import pytest
 
-from autofuse.plan import FusionPlan
 from autofuse.search import TuneConfig
 from autofuse.search import Tuner
 from autofuse.space import SearchSpace
