@@ -11,7 +11,11 @@ engineer would write first, and costs milliseconds per kernel:
   more spatial loops) the innermost spatial loop moves inside the reduction and is vectorised
   (the i-k-j order of a CPU GEMM), with the reduction's init split off;
 - epilogue blocks that stay separate are computed inside the producer's parallel loop, so the
-  fused intermediate stays in cache.
+  fused intermediate stays in cache;
+- row kernels (reductions over the innermost axis and their broadcasts: softmax, layer norm and
+  fused chains of them) run every stage one row at a time under one row loop, reductions
+  vectorised over a vector of partial results. This is what makes reduction -> broadcast fusion
+  pay on a CPU: the row stays in L1 from stage to stage.
 
 MetaSchedule (scheduler 'metaschedule') tunes kernels properly; its database is applied first
 and this rule only schedules what the database does not know.
@@ -30,6 +34,7 @@ SCHEDULED_ATTR = "tirx.is_scheduled"
 # what TIR raises when it refuses a transformation (ScheduleError and InternalError are both
 # RuntimeErrors in TVM 0.27)
 _REFUSED = (RuntimeError, ValueError)
+_REDUCE = 2  # IterVar.iter_type of a reduction iterator (CommReduce)
 # loop-nest iterations below which a parallel loop costs more than it saves: the thread pool's
 # launch and join cost ~5-10 us, and a straggling thread (another process on a core) stalls
 # the join. Swept on the benchmark models with 2 threads: 1<<15 left MobileNetV2 at 260 us,
@@ -116,8 +121,12 @@ def _schedule_reduction(
     inner_ext = _extent(sch, inner) if inner is not None else None
     width = _vector_width(inner_ext, lanes) if inner is not None else None
     vectorise = width is not None
-    outer = s_loops[:-1] if vectorise else s_loops
-    sch.reorder(*outer, *r_loops, *([inner] if vectorise else []))
+    # i-k-j: the innermost output axis inside the reduction, vectorised where a width divides it;
+    # a short one that does not (17 attention tokens) stays serial, as independent accumulators
+    # LLVM can pipeline or vectorise itself, rather than one latency-bound chain per output
+    inner_in = vectorise or (inner_ext is not None and 1 < inner_ext <= SERIAL_INNER)
+    outer = s_loops[:-1] if inner_in else s_loops
+    sch.reorder(*outer, *r_loops, *([inner] if inner_in else []))
     par = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if parallel and par is not None and (_extent(sch, par) or 2) > 1:
         sch.parallel(par)
@@ -147,6 +156,10 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
             return k
     return len(s_vars) - 2
 
+
+# longest output axis kept as a serial loop inside a reduction (i-k-j order) when no vector width
+# divides it
+SERIAL_INNER = 64
 
 # accumulator registers a register tile may use (AVX-512 has 32 vector registers, AVX2 16;
 # the rest hold the broadcast input and the weight vectors)
@@ -225,9 +238,16 @@ def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None) -> tirx.PrimFunc
 
     `lanes`: float32 vector width of the target CPU (16 with AVX-512, 8 with AVX2).
     """
+    lanes = lanes or _vector_lanes(func)
+    try:
+        rows = _schedule_rows(func, lanes)
+    except _REFUSED:
+        rows = None
+    if rows is not None:
+        return rows
     for tile in (True, False):  # register tiling first; the plain schedule if tiling fails
         try:
-            scheduled = _schedule(func, lanes or _vector_lanes(func), tile)
+            scheduled = _schedule(func, lanes, tile)
         except _REFUSED:
             continue
         if scheduled is not None:
@@ -292,6 +312,130 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
                 for inside in sch.get_child_blocks(par):
                     anchors[sch.get(inside).name_hint] = par
     return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+
+
+# --- row kernels: reductions and their broadcasts, one row at a time -----------------------------
+
+
+def _is_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
+
+
+def _reuses_inputs(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """A matmul/conv-like reduction: some output axis is absent from an input it reads, so the
+    input is reused across that axis (register tiles pay; one row at a time would not)."""
+    blk = sch.get(block)
+    if not _is_reduction(sch, block):
+        return False
+    axes = [str(iv.var) for iv in blk.iter_vars if int(iv.iter_type) == 0 and int(iv.dom.extent) > 1]
+    reads = [str(r) for r in blk.reads]
+    return any(re.search(rf"\b{re.escape(v)}\b", r) is None for v in axes for r in reads)
+
+
+def _reduction_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[bool] | None:
+    """For each of `block`'s loops, whether a reduction iterator depends on it (from the block's
+    iterator bindings: after compute_at, loops no longer follow the iterators' order)."""
+    if not loops:
+        return []
+    body = sch.get(loops[-1]).body
+    blk = sch.get(block)
+    for stmt in list(body.seq) if hasattr(body, "seq") else [body]:
+        if hasattr(stmt, "iter_values") and stmt.block.same_as(blk):
+            used = [v for iv, value in zip(blk.iter_vars, stmt.iter_values) if int(iv.iter_type) == _REDUCE
+                    for v in tirx.analysis.undefined_vars(value)]
+            return [any(sch.get(lp).loop_var.same_as(v) for v in used) for lp in loops]
+    return None
+
+
+def _nest_work(sch: s_tir.Schedule) -> int:
+    """Iterations of all loop nests: compute_at must not add recomputation."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    return sum(math.prod(_extent(sch, lp) or 1 for lp in sch.get_loops(b)) for b in blocks)
+
+
+def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
+    """Kernels of reductions over the innermost axis and their elementwise/broadcast neighbours
+    (softmax, layer norm, fused chains of them): every stage computed one row at a time under
+    one (parallel) row loop, so the row stays in L1 between stages; reductions vectorised by
+    accumulating a vector of partial results (rfactor), elementwise stages vectorised.
+
+    None when the kernel is not of that form (matmul/conv-like blocks, several outputs, a
+    reduction over an outer axis, or a row that would recompute work)."""
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if not any(_is_reduction(sch, b) for b in blocks) or any(_reuses_inputs(sch, b) for b in blocks):
+        return None
+    for b in blocks:
+        kinds = _reduction_loops(sch, b, sch.get_loops(b))
+        if kinds is None or (any(kinds) and not kinds[-1]):
+            return None
+    # elementwise stages with one consumer fold into it; one read by several (softmax's exp) is
+    # computed once per row instead of once per reader
+    for b in blocks[:-1]:
+        if not _is_reduction(sch, b) and not _is_padding(sch, b) and len(sch.get_consumers(b)) == 1:
+            try:
+                sch.compute_inline(b)
+            except _REFUSED:
+                pass
+    # rfactor needs the reduction in a loop nest of its own: split off the lanes before moving
+    # stages into the row
+    partials = []
+    for b in sch.get_child_blocks(root):
+        loops = sch.get_loops(b)
+        width = _vector_width(_extent(sch, loops[-1]), lanes) if loops else None
+        if _is_reduction(sch, b) and width is not None:
+            _, lane = sch.split(loops[-1], [None, width])
+            partials.append(sch.rfactor(lane, len(sch.get(b).writes[0].region)))
+    blocks = sch.get_child_blocks(root)
+    sink = blocks[-1]
+    if any(not sch.get_consumers(b) for b in blocks[:-1]):
+        return None
+    work = _nest_work(sch)
+    loops = sch.get_loops(sink)
+    kinds = _reduction_loops(sch, sink, loops) or [True]
+    outer = next((k for k, r in enumerate(kinds) if r), len(loops))
+    for depth in range(min(outer, len(loops) - 1), 0, -1):  # the deepest row that adds no work
+        trial = sch.copy()
+        head = trial.get_loops(sink)[:depth]
+        row = trial.fuse(*head) if depth > 1 else head[0]
+        try:
+            for b in reversed(blocks[:-1]):
+                trial.compute_at(b, row, preserve_unit_loops=False)
+        except _REFUSED:
+            continue
+        if _nest_work(trial) <= work * 1.01:
+            break
+    else:
+        return None
+    if work >= MIN_PARALLEL_WORK and (_extent(trial, row) or 2) > 1:
+        trial.parallel(row)
+    for b in trial.get_child_blocks(root):
+        _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials))
+    return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
+
+
+def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, partial: bool) -> None:
+    """Vectorise one stage inside the row loop (the first loop of every stage): elementwise
+    stages along their innermost axis, partial reductions along their lanes."""
+    loops = sch.get_loops(block)
+    kinds = _reduction_loops(sch, block, loops)
+    if len(loops) < 2 or kinds is None:
+        return
+    if partial:  # compute_at made loops in iterator order: the steps go outside the lanes
+        steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]
+        sch.reorder(*steps, *[lp for lp, r in zip(loops[1:], kinds[1:]) if not r])
+        sch.vectorize(sch.get_loops(block)[-1])
+        sch.decompose_reduction(block, steps[0])
+        return
+    ext = _extent(sch, loops[-1])
+    width = _vector_width(ext, lanes)
+    if width is None or any(kinds):
+        return
+    last = loops[-1]
+    if ext != width:
+        _, last = sch.split(last, [None, width])
+    sch.vectorize(last)
 
 
 def _is_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -80,3 +80,86 @@ def test_unknown_scheduler_is_an_error(mlp):
     fused = apply.apply_plan(mlp.mod, mlp.graph, mlp.tvm_default())
     with pytest.raises(ValueError, match="unknown scheduler"):
         build.schedule(fused, build.make_target("llvm"), "fastest")
+
+
+def _softmax_layer_norm(rows, width, axis=1):
+    """softmax(x) + x, then layer norm, over `axis` of a (rows, width) input: the reductions
+    and broadcasts of a fused reduction -> broadcast group."""
+    from tvm import te
+
+    n = (rows, width)[axis]
+    x = te.placeholder((rows, width), "float32", name="x")
+
+    def red(fn, name):
+        k = te.reduce_axis((0, n), name=f"k_{name}")
+        if axis == 1:
+            return te.compute((rows,), lambda i: fn(lambda j: j, i, k), name=name)
+        return te.compute((width,), lambda j: fn(lambda i: i, j, k), name=name)
+
+    def at(t, i, j):  # t's value at (i, j), reduced vectors indexed by the kept axis
+        return t[i] if axis == 1 else t[j]
+
+    m = red(lambda _, i, k: te.max(x[i, k] if axis == 1 else x[k, i], axis=k), "m")
+    e = te.compute(x.shape, lambda i, j: te.exp(x[i, j] - at(m, i, j)), name="e")
+    s = red(lambda _, i, k: te.sum(e[i, k] if axis == 1 else e[k, i], axis=k), "s")
+    y = te.compute(x.shape, lambda i, j: e[i, j] / at(s, i, j) + x[i, j], name="y")
+    mu = red(lambda _, i, k: te.sum(y[i, k] if axis == 1 else y[k, i], axis=k), "mu")
+    d = te.compute(x.shape, lambda i, j: y[i, j] - at(mu, i, j) / n, name="d")
+    v = red(lambda _, i, k: te.sum(d[i, k] * d[i, k] if axis == 1 else d[k, i] * d[k, i], axis=k), "v")
+    out = te.compute(x.shape, lambda i, j: d[i, j] / te.sqrt(at(v, i, j) / n + 1e-5), name="out")
+
+    def reference(a):
+        e_ = np.exp(a - a.max(axis, keepdims=True))
+        y_ = e_ / e_.sum(axis, keepdims=True) + a
+        d_ = y_ - y_.mean(axis, keepdims=True)
+        return d_ / np.sqrt((d_ * d_).mean(axis, keepdims=True) + 1e-5)
+
+    return te.create_prim_func([x, out]), reference
+
+
+def _run(func, *arrays, out_shape):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()
+
+
+def test_row_reductions_and_broadcasts_run_one_row_at_a_time():
+    from tvm import s_tir
+
+    func, reference = _softmax_layer_norm(64, 256)
+    scheduled = schedule_cpu(func, lanes=16)
+    sch = s_tir.Schedule(scheduled)
+    nests = {sch.get(sch.get_loops(b)[0]) for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert len(nests) == 1  # every stage inside one row loop
+    text = scheduled.script()
+    # each of the four reductions accumulates 16 lanes of partial results, vectorised
+    assert text.count("_rf_update") == 4 and "T.vectorized(16)" in text
+    assert text.count("T.exp(") == 1  # exp read by two stages is computed once per row
+    a = np.random.default_rng(0).standard_normal((64, 256)).astype("float32")
+    np.testing.assert_allclose(_run(scheduled, a, out_shape=(64, 256)), reference(a), rtol=1e-4, atol=1e-4)
+
+
+def test_reduction_over_an_outer_axis_is_not_forced_into_rows():
+    # rows here would recompute each column's reductions for every row: the row rule declines
+    # and the kernel is still scheduled correctly
+    from autofuse.schedule import _schedule_rows
+
+    func, reference = _softmax_layer_norm(32, 64, axis=0)
+    assert _schedule_rows(func, 16) is None
+    scheduled = schedule_cpu(func, lanes=16)
+    a = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
+    np.testing.assert_allclose(_run(scheduled, a, out_shape=(32, 64)), reference(a), rtol=1e-4, atol=1e-4)
+
+
+def test_short_unvectorisable_output_axis_goes_inside_the_reduction():
+    # ViT's attention scores: 17 x 17 per head; no vector width divides 17, so the 17 outputs of
+    # a row are accumulated side by side (i-k-j) instead of one dependent chain per output
+    from tvm import s_tir
+
+    func = schedule_cpu(_matmul(17, 17, 32), lanes=16)
+    sch = s_tir.Schedule(func)
+    loops = sch.get_loops(sch.get_sblock("C_update"))
+    assert [int(sch.get(lp).extent) for lp in loops][-2:] == [32, 17]
+    a, b = np.random.rand(17, 32).astype("float32"), np.random.rand(32, 17).astype("float32")
+    np.testing.assert_allclose(_run(func, a, b, out_shape=(17, 17)), a @ b, rtol=1e-5, atol=1e-5)
