@@ -40,6 +40,12 @@ _REDUCE = 2  # IterVar.iter_type of a reduction iterator (CommReduce)
 # the join. Swept on the benchmark models with 2 threads: 1<<15 left MobileNetV2 at 260 us,
 # 1<<18 gives 219 us with ResNet, BERT and the transformer block unchanged.
 MIN_PARALLEL_WORK = 1 << 18
+# the same for row kernels, counted over all their stages: each row pass (an exp polynomial, a
+# division, a reduction) costs more than an elementwise iteration. Swept on norm_chain (softmax +
+# layer norm as primitives, 64 x 256): 1<<16 puts the fused 21-op kernel on both cores (29 us
+# against 39 us for the FuseOps plan) and keeps the small unfused pieces serial; 1<<14 put them
+# on both cores too and doubled their time.
+ROW_PARALLEL_WORK = 1 << 16
 
 
 def _vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
@@ -408,7 +414,7 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
             break
     else:
         return None
-    if work >= MIN_PARALLEL_WORK and (_extent(trial, row) or 2) > 1:
+    if work >= ROW_PARALLEL_WORK and (_extent(trial, row) or 2) > 1:
         trial.parallel(row)
     for b in trial.get_child_blocks(root):
         _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials))
