@@ -167,7 +167,7 @@ class Tuner:
         self.started = time.perf_counter()
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
-        self.seeds = self._seed_plans()  # unfused, tvm_default, the logged best: fixed per run
+        self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
 
     # --- history ------------------------------------------------------------------------------
 
@@ -299,7 +299,9 @@ class Tuner:
         best = self.log.best(self.w.key, self.target, self.scheduler)
         if best is not None:
             plans.append(FusionPlan.from_dict(best.plan))
-        return plans
+        # TVM's plan with each kind of fusion it never makes: the search starts from them
+        plans += self.space.plus_kinds(self.w.tvm_default())
+        return list({p.key: p for p in plans}.values())
 
     def run(self) -> TuneResult:
         strategy = self.cfg.strategy

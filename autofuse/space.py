@@ -121,6 +121,20 @@ class SearchSpace:
         """The plan that takes every decision of the given kinds."""
         return self.decode({d.id: d.kind in kinds for d in self.decisions}, name)
 
+    def plus_kinds(self, base: FusionPlan) -> list[FusionPlan]:
+        """`base` with every horizontal, every reduction -> broadcast, and every decision taken:
+        the first plans an engineer would try beside a rule-based plan (kinds the space lacks
+        give `base` again and are left out)."""
+        params = self.encode(base)
+        plans = {}
+        for name, kinds in (("+horizontal", {"horizontal"}), ("+reduction", {"reduction"}),
+                            ("all_fused", {"vertical", "horizontal", "reduction"})):
+            plan = self.decode({**params, **{d.id: True for d in self.decisions if d.kind in kinds}},
+                               name if name == "all_fused" else f"{base.name}{name}")
+            if plan.key != base.key:
+                plans.setdefault(plan.key, plan)
+        return list(plans.values())
+
 
 class _PlanBuilder:
     def __init__(self, graph: OpGraph, limits: FusionLimits) -> None:

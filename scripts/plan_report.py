@@ -29,19 +29,7 @@ from autofuse.workload import prepare
 
 
 def candidate_plans(space, tvm_default):
-    base = space.encode(tvm_default)
-
-    def plus(kinds, name):
-        params = {**base, **{d.id: True for d in space.decisions if d.kind in kinds}}
-        return space.decode(params, name)
-
-    return [
-        space.decode({}, "unfused"),
-        tvm_default,
-        plus({"horizontal"}, "tvm+horizontal"),
-        plus({"reduction"}, "tvm+reduction"),
-        plus({"horizontal", "reduction", "vertical"}, "all_fused"),
-    ]
+    return [space.decode({}, "unfused"), tvm_default, *space.plus_kinds(tvm_default)]
 
 
 def main() -> None:
