@@ -163,3 +163,93 @@ def test_short_unvectorisable_output_axis_goes_inside_the_reduction():
     assert [int(sch.get(lp).extent) for lp in loops][-2:] == [32, 17]
     a, b = np.random.rand(17, 32).astype("float32"), np.random.rand(32, 17).astype("float32")
     np.testing.assert_allclose(_run(func, a, b, out_shape=(17, 17)), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def _reduction_cases():
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Softmax197:  # a prime row length, four heads
+        @R.function
+        def main(x: R.Tensor((1, 4, 197, 197), "float32")) -> R.Tensor((1, 4, 197, 197), "float32"):
+            with R.dataflow():
+                y = R.nn.softmax(x, axis=-1)
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class LayerNormResidual:
+        @R.function
+        def main(x: R.Tensor((1, 50, 768), "float32"), r: R.Tensor((1, 50, 768), "float32"),
+                 g: R.Tensor((768,), "float32"), b: R.Tensor((768,), "float32")) -> R.Tensor((1, 50, 768), "float32"):
+            with R.dataflow():
+                s = R.add(x, r)
+                y = R.nn.layer_norm(s, g, b, axes=[-1])
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class ScalarSumAndArgmax:  # a reduction to a scalar, and one that rfactor cannot split
+        @R.function
+        def main(x: R.Tensor((64, 100), "float32")) -> R.Tuple(R.Tensor((), "float32"), R.Tensor((64,), "int64")):
+            with R.dataflow():
+                s = R.sum(x)
+                a = R.argmax(x, axis=-1)
+                out = (s, a)
+                R.output(out)
+            return out
+
+    @I.ir_module
+    class ChannelsLastMean:  # a reduction over outer axes (image rows and columns), then a broadcast
+        @R.function
+        def main(x: R.Tensor((1, 7, 7, 64), "float32")) -> R.Tensor((1, 7, 7, 64), "float32"):
+            with R.dataflow():
+                m = R.mean(x, axis=[1, 2], keepdims=True)
+                y = R.subtract(x, m)
+                z = R.multiply(y, y)
+                R.output(z)
+            return z
+
+    @I.ir_module
+    class HalfSoftmax:
+        @R.function
+        def main(x: R.Tensor((16, 256), "float16")) -> R.Tensor((16, 256), "float16"):
+            with R.dataflow():
+                y = R.nn.softmax(x, axis=-1)
+                z = R.multiply(y, x)
+                R.output(z)
+            return z
+
+    @I.ir_module
+    class MeanNoKeepdims:
+        @R.function
+        def main(x: R.Tensor((32, 48), "float32")) -> R.Tensor((32, 48), "float32"):
+            with R.dataflow():
+                m = R.mean(x, axis=[-1])
+                d = R.subtract(x, R.expand_dims(m, -1))
+                v = R.mean(R.multiply(d, d), axis=[-1], keepdims=True)
+                y = R.divide(d, R.sqrt(R.add(v, R.const(1e-5, "float32"))))
+                R.output(y)
+            return y
+
+    return {"softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
+            "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "mean_no_keepdims": MeanNoKeepdims}
+
+
+@pytest.mark.parametrize("case", sorted(_reduction_cases()))
+def test_reduction_kernels_schedule_to_the_same_numbers(case):
+    # shapes and reductions the row rule must handle or decline: every plan, scheduled, gives
+    # the unscheduled loop nests' numbers
+    from autofuse.workload import prepare
+
+    w = prepare(_reduction_cases()[case])
+    target = build.make_target("llvm")
+    feeds = random_inputs(w.inputs)
+    space = SearchSpace(w.graph)
+    for plan in (w.tvm_default(), space.plan_of_kinds({"vertical", "horizontal", "reduction"})):
+        fused = apply.apply_plan(w.mod, w.graph, plan)
+        want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
+        for a, b in zip(got, want):
+            tol = 2e-2 if a.dtype == np.float16 else 1e-4
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
