@@ -159,7 +159,7 @@ def _decision(manifest: dict[str, Any], records: list[TuningRecord], min_gain: f
     """The batch's deployable plan, by the tuner's rule: the fastest correct plan, unless it
     beats tvm_default (timed in the same run, on the same device) by no more than the noise and
     `min_gain`. Logged as a 'best' record, which deployment reads first."""
-    from autofuse.search import decide_over_default
+    from autofuse.decision import decide_over_default
 
     timed = {r.plan_key: r for r in records if r.status == "ok" and r.median_s}
     default = next((e["plan_key"] for e in manifest["entries"] if e["label"] == "tvm_default"), None)

@@ -31,6 +31,8 @@ import optuna
 from autofuse.build import MeasureConfig
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
+from autofuse.decision import decide_over_default
+from autofuse.decision import measure_rounds
 from autofuse.features import group_features
 from autofuse.features import group_rows
 from autofuse.measure import Measurement
@@ -494,38 +496,12 @@ class Tuner:
     def _measure_rounds(
         self, plans: list[FusionPlan], scheduler: str
     ) -> tuple[dict[str, Measurement], dict[str, float], MeasureConfig]:
-        """Measure `plans` in interleaved rounds (order rotated each round).
-
-        Returns the measurements with all rounds' samples pooled, and each plan's noise: the
-        spread of its per-round medians (between-run drift, which the spread within one
-        measurement does not show), or its sample spread if that is larger.
-        """
+        """The finalists in interleaved rounds (decision.measure_rounds), each measurement logged."""
         rounds = max(1, self.cfg.final_rounds)
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
-        samples: dict[str, list[float]] = {p.key: [] for p in plans}
-        medians: dict[str, list[float]] = {p.key: [] for p in plans}
-        last: dict[str, Measurement] = {}
-        for r in range(rounds):
-            for plan in plans[r % len(plans) :] + plans[: r % len(plans)]:
-                if plan.key in last and not last[plan.key].ok:
-                    continue  # failed once: out
-                m = self.measure(plan, "finalist", config=cfg, scheduler=scheduler)
-                last[plan.key] = m
-                if m.ok:
-                    samples[plan.key].extend(m.latencies_s)
-                    medians[plan.key].append(m.median_s or 0.0)
-        good = {
-            k: replace(last[k], latencies_s=tuple(samples[k]))
-            for k in samples
-            if k in last and last[k].ok and samples[k]
-        }
-        noise = {}
-        for k, m in good.items():
-            meds = medians[k]
-            drift = (max(meds) - min(meds)) / (m.median_s or 1.0) if len(meds) > 1 else 0.0
-            noise[k] = max(drift, m.spread or 0.0)
-        return good, noise, replace(cfg, repeat=cfg.repeat * rounds)
+        res = measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg)
+        return res.good, res.noise, res.config
 
     def _known_plans(self) -> list[FusionPlan]:
         plans = {p.key: p for p in self.seeds}
@@ -615,21 +591,3 @@ def summarize(
     b, d = out["latency_s"]["best"], out["latency_s"]["tvm_default"]
     out["speedup_vs_tvm_default"] = d / b if b and d else None
     return out
-
-
-def decide_over_default(
-    medians: dict[str, float], noise: dict[str, float], default_key: str, min_gain: float
-) -> tuple[str, str]:
-    """The fastest plan's key, unless it beats tvm_default (measured in the same run) by no more
-    than the noise of either and `min_gain`: then tvm_default's. Returns (key, reason)."""
-    winner = min(medians, key=medians.__getitem__)
-    if winner == default_key or default_key not in medians:
-        return winner, "fastest finalist"
-    gain = (medians[default_key] - medians[winner]) / medians[default_key]
-    drift = max(noise.get(winner, 0.0), noise.get(default_key, 0.0))
-    if gain <= max(min_gain, drift):
-        return default_key, (
-            f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
-            f"and min gain ({min_gain:.0%}): kept tvm_default"
-        )
-    return winner, f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"

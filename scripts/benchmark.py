@@ -20,7 +20,6 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 from datetime import datetime
@@ -36,6 +35,7 @@ from autofuse.baselines import time_callable
 from autofuse.baselines import time_onnxruntime
 from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
+from autofuse.decision import measure_rounds
 from autofuse.importer import random_inputs
 from autofuse.measure import IsolatedMeasurer
 from autofuse.metrics import plan_metrics
@@ -133,36 +133,24 @@ def machine_limits() -> dict[str, float]:
 
 
 def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int) -> dict[str, Any]:
-    """Interleaved rounds; the pooled median per plan and the spread of per-round medians.
+    """The tuner's protocol (decision.measure_rounds): interleaved rounds, pooled median per plan,
+    noise as the spread of per-round medians.
 
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
     or a slowdown."""
-    by_key: dict[str, list[str]] = {}
-    for name, plan in plans.items():
-        by_key.setdefault(plan.key, []).append(name)
-    samples: dict[str, list[float]] = {k: [] for k in by_key}
-    medians: dict[str, list[float]] = {k: [] for k in by_key}
-    status: dict[str, str] = {}
-    cfg = MeasureConfig(repeat=repeat)
-    with IsolatedMeasurer(w, config=cfg, scheduler=scheduler, database=database) as m:
-        for r in range(rounds):
-            keys = list(by_key)
-            for key in keys[r % len(keys):] + keys[: r % len(keys)]:
-                res = m.measure(plans[by_key[key][0]])
-                status[key] = res.status if res.ok else f"{res.status}: {res.error}"
-                if res.ok:
-                    samples[key].extend(res.latencies_s)
-                    medians[key].append(res.median_s)
+    with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
+        res = measure_rounds(lambda p, c: m.measure(p, config=c), list(plans.values()), rounds,
+                             MeasureConfig(repeat=repeat))
     out = {}
-    for key, names in by_key.items():
-        row: dict[str, Any] = {"median_s": None, "noise": None, "status": status.get(key, "not run")}
-        if samples[key]:
-            row["median_s"] = statistics.median(samples[key])
-            if len(medians[key]) > 1:
-                row["noise"] = (max(medians[key]) - min(medians[key])) / row["median_s"]
-        for name in names:
-            out[name] = {**row, "same_plan_as": [n for n in names if n != name]}
+    for name, plan in plans.items():
+        same = [n for n, p in plans.items() if p.key == plan.key and n != name]
+        if plan.key in res.good:
+            row = {"median_s": res.good[plan.key].median_s, "noise": res.noise[plan.key], "status": "ok"}
+        else:
+            bad = res.failed.get(plan.key)
+            row = {"median_s": None, "noise": None, "status": f"{bad.status}: {bad.error}" if bad else "not run"}
+        out[name] = {**row, "same_plan_as": same}
     return out
 
 
@@ -270,7 +258,7 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three interleaved rounds in "
-        "one process run, all on the same threads; 'noise' is the spread of the per-round medians. The "
+        "one process run, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, if larger). The "
         "unfused and tvm_default rows use the same kernel schedules as autofuse's plan; where autofuse "
         "kept TVM's grouping ('same plan') the one compiled plan is measured once for both rows.",
         "",

@@ -1,0 +1,79 @@
+"""The final decision: finalists re-measured side by side, and TVM's plan kept unless clearly beaten.
+
+One protocol for every side-by-side comparison (the tuner's finalists, a remote batch's results,
+the benchmark's rows): interleaved rounds with the order rotated, samples pooled per plan, and
+each plan's noise taken as the spread of its per-round medians, the drift between runs that one
+measurement's own spread does not show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import replace
+
+from autofuse.build import MeasureConfig
+from autofuse.measure import Measurement
+from autofuse.plan import FusionPlan
+
+
+@dataclass
+class Rounds:
+    """Pooled measurements of the plans that ran every time, their noise, the failures (each
+    plan's failing measurement), and the timing protocol the pooled samples amount to."""
+
+    good: dict[str, Measurement]
+    noise: dict[str, float]
+    failed: dict[str, Measurement]
+    config: MeasureConfig
+
+
+def measure_rounds(
+    measure: Callable[[FusionPlan, MeasureConfig], Measurement],
+    plans: Sequence[FusionPlan],
+    rounds: int,
+    config: MeasureConfig,
+) -> Rounds:
+    """Measure each distinct plan once per round, the order rotated each round; a plan that
+    fails once is out."""
+    plans = list({p.key: p for p in plans}.values())
+    samples: dict[str, list[float]] = {p.key: [] for p in plans}
+    medians: dict[str, list[float]] = {p.key: [] for p in plans}
+    last: dict[str, Measurement] = {}
+    for r in range(max(1, rounds)):
+        for plan in plans[r % len(plans):] + plans[: r % len(plans)]:
+            if plan.key in last and not last[plan.key].ok:
+                continue
+            m = measure(plan, config)
+            last[plan.key] = m
+            if m.ok:
+                samples[plan.key].extend(m.latencies_s)
+                medians[plan.key].append(m.median_s or 0.0)
+    good = {k: replace(last[k], latencies_s=tuple(samples[k])) for k in samples
+            if k in last and last[k].ok and samples[k]}
+    noise = {}
+    for k, m in good.items():
+        meds = medians[k]
+        drift = (max(meds) - min(meds)) / (m.median_s or 1.0) if len(meds) > 1 else 0.0
+        noise[k] = max(drift, m.spread or 0.0)
+    failed = {k: m for k, m in last.items() if not m.ok}
+    return Rounds(good, noise, failed, replace(config, repeat=config.repeat * max(1, rounds)))
+
+
+def decide_over_default(
+    medians: dict[str, float], noise: dict[str, float], default_key: str, min_gain: float
+) -> tuple[str, str]:
+    """The fastest plan's key, unless it beats tvm_default (measured in the same run) by no more
+    than the noise of either and `min_gain`: then tvm_default's. Returns (key, reason)."""
+    winner = min(medians, key=medians.__getitem__)
+    if winner == default_key or default_key not in medians:
+        return winner, "fastest finalist"
+    gain = (medians[default_key] - medians[winner]) / medians[default_key]
+    drift = max(noise.get(winner, 0.0), noise.get(default_key, 0.0))
+    if gain <= max(min_gain, drift):
+        return default_key, (
+            f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
+            f"and min gain ({min_gain:.0%}): kept tvm_default"
+        )
+    return winner, f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"
