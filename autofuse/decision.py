@@ -27,6 +27,7 @@ class Rounds:
     noise: dict[str, float]
     failed: dict[str, Measurement]
     config: MeasureConfig
+    per_round: dict[str, list[float]]  # each good plan's median in each round, in round order
 
 
 def measure_rounds(
@@ -58,17 +59,40 @@ def measure_rounds(
         drift = (max(meds) - min(meds)) / (m.median_s or 1.0) if len(meds) > 1 else 0.0
         noise[k] = max(drift, m.spread or 0.0)
     failed = {k: m for k, m in last.items() if not m.ok}
-    return Rounds(good, noise, failed, replace(config, repeat=config.repeat * max(1, rounds)))
+    return Rounds(good, noise, failed, replace(config, repeat=config.repeat * max(1, rounds)),
+                  {k: medians[k] for k in good})
 
 
 def decide_over_default(
-    medians: dict[str, float], noise: dict[str, float], default_key: str, min_gain: float
+    medians: dict[str, float],
+    noise: dict[str, float],
+    default_key: str,
+    min_gain: float,
+    per_round: dict[str, list[float]] | None = None,
 ) -> tuple[str, str]:
-    """The fastest plan's key, unless it beats tvm_default (measured in the same run) by no more
-    than the noise of either and `min_gain`: then tvm_default's. Returns (key, reason)."""
+    """The fastest plan's key, or tvm_default's when the gain is not clear. Returns (key, reason).
+
+    With per-round medians of both plans (measured back to back in each round), the gain is
+    judged paired, round by round: a slow spell of the machine slows both plans of a round, so
+    the per-round gains agree far better than the plans' own round-to-round drift. The winner
+    must be faster in every round and its median gain must exceed `min_gain` and half the
+    spread of the per-round gains. Without per-round data (a single measurement each), the gain
+    must exceed `min_gain` and the noise of either plan."""
     winner = min(medians, key=medians.__getitem__)
     if winner == default_key or default_key not in medians:
         return winner, "fastest finalist"
+    rounds = list(zip((per_round or {}).get(default_key, []), (per_round or {}).get(winner, [])))
+    if len(rounds) >= 2:
+        gains = sorted((d - w) / d for d, w in rounds if d > 0)
+        gain = gains[len(gains) // 2] if len(gains) % 2 else sum(gains[len(gains) // 2 - 1: len(gains) // 2 + 1]) / 2
+        spread = (gains[-1] - gains[0]) / 2
+        if gains[0] > 0 and gain > max(min_gain, spread):
+            return winner, (f"{gain:.1%} faster than tvm_default, faster in each of {len(gains)} rounds "
+                            f"(paired spread ±{spread:.1%})")
+        return default_key, (
+            f"best found was {gain:+.1%} vs tvm_default (per round {', '.join(f'{g:+.1%}' for g in gains)}), "
+            f"not faster in every round by more than the spread and min gain ({min_gain:.0%}): kept tvm_default"
+        )
     gain = (medians[default_key] - medians[winner]) / medians[default_key]
     drift = max(noise.get(winner, 0.0), noise.get(default_key, 0.0))
     if gain <= max(min_gain, drift):
@@ -76,4 +100,4 @@ def decide_over_default(
             f"best found was {gain:+.1%} vs tvm_default, not above the noise ({drift:.1%}) "
             f"and min gain ({min_gain:.0%}): kept tvm_default"
         )
-    return winner, f"{gain:.1%} faster than tvm_default (round-to-round noise {drift:.1%})"
+    return winner, f"{gain:.1%} faster than tvm_default (noise {drift:.1%})"

@@ -169,6 +169,7 @@ class Tuner:
         self.started = time.perf_counter()
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
+        self._per_round: dict[str, list[float]] = {}  # the last finalist rounds, for the paired decision
         self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
 
     # --- history ------------------------------------------------------------------------------
@@ -457,7 +458,7 @@ class Tuner:
         self, good: dict[str, Measurement], noise: dict[str, float], default: FusionPlan, plans: dict[str, FusionPlan]
     ) -> tuple[FusionPlan, str]:
         medians = {k: m.median_s for k, m in good.items() if m.median_s}
-        key, reason = decide_over_default(medians, noise, default.key, self.cfg.min_gain)
+        key, reason = decide_over_default(medians, noise, default.key, self.cfg.min_gain, self._per_round)
         return plans.get(key, default), reason
 
     def _finalize_tuned(
@@ -501,6 +502,7 @@ class Tuner:
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
         res = measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg)
+        self._per_round = res.per_round
         return res.good, res.noise, res.config
 
     def _known_plans(self) -> list[FusionPlan]:

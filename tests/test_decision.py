@@ -1,0 +1,33 @@
+from autofuse.decision import decide_over_default
+
+
+def test_paired_rounds_see_a_gain_through_a_slow_spell():
+    # the machine slowed down in round 2 for both plans: each plan's own drift is 50%, but the
+    # candidate was 10% faster than tvm_default in every round
+    per_round = {"tvm": [100.0, 150.0, 100.0], "cand": [90.0, 135.0, 90.0]}
+    medians = {"tvm": 100.0, "cand": 90.0}
+    noise = {"tvm": 0.5, "cand": 0.5}
+    key, reason = decide_over_default(medians, noise, "tvm", 0.02, per_round)
+    assert key == "cand" and "each of 3 rounds" in reason
+    # judged by the plans' own drift, the same numbers keep tvm_default
+    assert decide_over_default(medians, noise, "tvm", 0.02)[0] == "tvm"
+
+
+def test_a_round_lost_keeps_tvm_default():
+    per_round = {"tvm": [100.0, 100.0, 100.0], "cand": [85.0, 104.0, 90.0]}
+    key, reason = decide_over_default({"tvm": 100.0, "cand": 90.0}, {}, "tvm", 0.02, per_round)
+    assert key == "tvm" and "kept tvm_default" in reason
+
+
+def test_gain_below_min_gain_or_spread_keeps_tvm_default():
+    small = {"tvm": [100.0, 100.0, 100.0], "cand": [99.0, 98.5, 99.0]}
+    assert decide_over_default({"tvm": 100.0, "cand": 99.0}, {}, "tvm", 0.02, small)[0] == "tvm"
+    wide = {"tvm": [100.0, 100.0, 100.0], "cand": [60.0, 97.0, 96.0]}  # median 4%, spread +-18.5%
+    assert decide_over_default({"tvm": 100.0, "cand": 96.0}, {}, "tvm", 0.02, wide)[0] == "tvm"
+
+
+def test_without_rounds_the_noise_rule_decides():
+    medians = {"tvm": 100.0, "cand": 80.0}
+    assert decide_over_default(medians, {"tvm": 0.05, "cand": 0.05}, "tvm", 0.02)[0] == "cand"
+    assert decide_over_default(medians, {"tvm": 0.25, "cand": 0.05}, "tvm", 0.02)[0] == "tvm"
+    assert decide_over_default({"tvm": 90.0, "cand": 95.0}, {}, "tvm", 0.02) == ("tvm", "fastest finalist")
