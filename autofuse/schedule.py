@@ -458,12 +458,32 @@ def _attach_epilogue(
     for producer in sch.get_producers(block):
         name = sch.get(producer).name_hint
         if name in anchors:
+            if not _reads_elementwise(sch, block, producer):
+                return False
             try:
                 sch.reverse_compute_at(block, anchors[name])
                 return True
             except _REFUSED:
                 return False
     return False
+
+
+def _reads_elementwise(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV
+) -> bool:
+    """Whether `block` reads `producer`'s output one element at a time at plain iterators. An
+    epilogue that permutes it (Swin's window reverse: reshape, transpose, reshape inlined after
+    a matmul) reads rows other tiles compute, and TIR's reverse_compute_at then places it inside
+    the tile anyway (wrong results, seen on Swin): such an epilogue stays a nest of its own."""
+    written = [w.source for w in sch.get(producer).writes]
+    for region in sch.get(block).reads:
+        if any(region.source.same_as(w) for w in written):
+            for rng, dim in zip(region.region, region.source.shape):
+                one = isinstance(rng.extent, tirx.IntImm) and int(rng.extent) == 1
+                unit_axis = isinstance(dim, tirx.IntImm) and int(dim) == 1  # batch 1: any index
+                if not one or not (isinstance(rng.min, tirx.Var) or unit_axis):
+                    return False
+    return True
 
 
 @tvm.transform.module_pass(opt_level=0, name="AutofuseScheduleCPU")

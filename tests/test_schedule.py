@@ -165,7 +165,7 @@ def test_short_unvectorisable_output_axis_goes_inside_the_reduction():
     np.testing.assert_allclose(_run(func, a, b, out_shape=(17, 17)), a @ b, rtol=1e-5, atol=1e-5)
 
 
-def _reduction_cases():
+def _odd_kernels():
     from tvm.script import ir as I
     from tvm.script import relax as R
 
@@ -233,17 +233,28 @@ def _reduction_cases():
                 R.output(y)
             return y
 
-    return {"softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
+    @I.ir_module
+    class WindowReverse:  # Swin: a projection whose epilogue permutes rows across GEMM tiles
+        @R.function
+        def main(x: R.Tensor((64, 64), "float32"), w: R.Tensor((64, 64), "float32"),
+                 b: R.Tensor((64,), "float32")) -> R.Tensor((1, 64, 64), "float32"):
+            with R.dataflow():
+                y = R.add(R.matmul(x, w), b)
+                z = R.reshape(R.permute_dims(R.reshape(y, (1, 2, 4, 2, 4, 64)), [0, 1, 3, 2, 4, 5]), (1, 64, 64))
+                R.output(z)
+            return z
+
+    return {"window_reverse": WindowReverse, "softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
             "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "mean_no_keepdims": MeanNoKeepdims}
 
 
-@pytest.mark.parametrize("case", sorted(_reduction_cases()))
-def test_reduction_kernels_schedule_to_the_same_numbers(case):
-    # shapes and reductions the row rule must handle or decline: every plan, scheduled, gives
-    # the unscheduled loop nests' numbers
+@pytest.mark.parametrize("case", sorted(_odd_kernels()))
+def test_odd_kernels_schedule_to_the_same_numbers(case):
+    # shapes, reductions and epilogues the rules must handle or decline: every plan, scheduled,
+    # gives the unscheduled loop nests' numbers
     from autofuse.workload import prepare
 
-    w = prepare(_reduction_cases()[case])
+    w = prepare(_odd_kernels()[case])
     target = build.make_target("llvm")
     feeds = random_inputs(w.inputs)
     space = SearchSpace(w.graph)
