@@ -161,6 +161,11 @@ def tune(
         print(json.dumps(result.summary, indent=1))
     else:
         _print_summary(result.summary)
+    m = result.best_measurement
+    if m.status not in ("ok", "built"):  # the job ran; no plan of the model works on this target
+        err.print(f"autofuse: error: no plan of {w.name} built and ran correctly on {target} "
+                  f"({m.status}: {m.error}); every attempt is recorded in {log_dir}", soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def _spawn_workers(n: int, storage: str | None, log_dir: Path) -> list[subprocess.Popen[bytes]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -56,6 +57,11 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     if _calls_op(mod, "relax.nn.conv2d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+    # sort/scan ops (cumsum in RoBERTa's position ids, sort, top-k) have no legalization: TVM's
+    # pipeline dispatches them to kernels first. The generic (CPU) kernels serve every target:
+    # the workload is normalised once, and on CUDA DLight's fallback schedules them.
+    with tvm.target.Target("llvm"):
+        mod = tvm.transform.Sequential([relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()])(mod)
     seq = tvm.transform.Sequential(
         [
             relax.transform.LegalizeOps(),
@@ -223,7 +229,10 @@ def extract_graph(mod: tvm.IRModule) -> OpGraph:
     """The operator graph of main's dataflow block: one node per call_tir, in binding order.
 
     Other bindings (tuple construction, tuple indexing, aliases) are transparent: an edge runs
-    from each kernel to every kernel that reads its result through them.
+    from each kernel to every kernel that reads its result through them. A call that is not a
+    kernel (an op TVM left unlowered, a packed function) cannot join a group: the kernels that
+    feed it or read it are marked unfusable, so no group can reach around it (a group holding
+    kernels on both sides would form a cycle with it).
     """
     block = main_block(mod)
     node_of = {id(b): i for i, b in enumerate(block.node_bindings)}
@@ -234,15 +243,23 @@ def extract_graph(mod: tvm.IRModule) -> OpGraph:
     edges: set[tuple[int, int]] = set()
     outputs: set[int] = set()
     flops_cache: dict[str, float] = {}
+    opaque_vars: set[relax.Var] = set()  # results of non-kernel calls, and tuples/aliases of them
+    pinned: set[int] = set()  # kernels next to a non-kernel call
     for binding in block.bindings:
         used = list(relax.analysis.free_vars(binding.value))
         deps = frozenset().union(*(producers.get(v, frozenset()) for v in used))
         if id(binding) not in node_of:
             producers[binding.var] = deps
+            if isinstance(binding.value, relax.Call) or any(v in opaque_vars for v in used):
+                opaque_vars.add(binding.var)
+                if isinstance(binding.value, relax.Call):
+                    pinned.update(deps)
             if not isinstance(binding.var, relax.DataflowVar):
                 outputs.update(deps)
             continue
         nid = node_of[id(binding)]
+        if any(v in opaque_vars for v in used):
+            pinned.add(nid)
         edges.update((d, nid) for d in deps)
         for pi, p in enumerate(params):
             if any(v.same_as(p) for v in used):
@@ -252,6 +269,7 @@ def extract_graph(mod: tvm.IRModule) -> OpGraph:
             outputs.add(nid)
         nodes.append(_make_node(mod, binding, nid, flops_cache))
     _mark_block_outputs(block, producers, outputs)
+    nodes = [replace(n, fusable=False) if n.id in pinned else n for n in nodes]
     return OpGraph(
         tuple(nodes),
         tuple(sorted(edges)),

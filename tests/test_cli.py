@@ -178,3 +178,27 @@ def test_resume_after_kill(model_dir, tmp_path):
     measured = sum(s in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) for s in states)
     assert measured >= 8
     assert optuna.trial.TrialState.RUNNING not in states
+
+
+def test_tune_fails_loudly_when_no_plan_runs(tmp_path):
+    # a packed function nobody registered: every plan builds, none runs. The job says so and
+    # exits non-zero instead of printing a summary that looks like success
+    model = tmp_path / "unrunnable.py"
+    model.write_text(
+        "from tvm.script import ir as I\n"
+        "from tvm.script import relax as R\n\n\n"
+        "@I.ir_module\n"
+        "class Module:\n"
+        "    @R.function\n"
+        "    def main(x: R.Tensor((8, 8), 'float32')) -> R.Tensor((8, 8), 'float32'):\n"
+        "        with R.dataflow():\n"
+        "            a = R.nn.relu(x)\n"
+        "            c = R.call_dps_packed('nobody.registered', (a,), out_ty=R.Tensor((8, 8), 'float32'))\n"
+        "            d = R.exp(c)\n"
+        "            R.output(d)\n"
+        "        return d\n"
+    )
+    result = invoke("tune", model, "--trials", 2, "--log-dir", tmp_path / "logs")
+    assert result.exit_code == 1, result.output
+    assert "no plan of" in result.stderr and "runtime_error" in result.stderr
+    assert TuningLog(tmp_path / "logs").records()  # the failures are kept

@@ -138,3 +138,67 @@ def test_clip_keeps_the_conv_chain_channels_last(tmp_path, nan_upper):
 
     got = build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), target), tvm.cpu(), [f * 4 for f in feeds])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cumsum_is_dispatched_to_a_kernel(tmp_path):
+    # RoBERTa's position ids: Relu -> CumSum -> Relu. TVM has no legalization for cumsum; its
+    # pipeline dispatches it to a scan kernel first, and so does normalisation
+    from autofuse import build
+    from autofuse.apply import apply_plan
+    from autofuse.importer import random_inputs
+    from autofuse.importer import run_onnxruntime
+    from autofuse.space import SearchSpace
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("CumSum", ["a", "axis"], ["c"]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    path = tmp_path / "cumsum.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [axis]),
+                                opset_imports=[helper.make_opsetid("", 14)]), path)
+    w = prepare(path, simplify=False)
+    assert any(n.op.startswith("cumsum") for n in w.graph.nodes)
+    feeds = random_inputs(w.inputs)
+    want = run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0]
+    import tvm
+
+    target = build.make_target("llvm")
+    plan = SearchSpace(w.graph).plan_of_kinds({"vertical", "horizontal", "reduction"})
+    for p in (w.tvm_default(), plan):
+        got = build.run(build.build(apply_plan(w.mod, w.graph, p), target), tvm.cpu(), feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_no_group_reaches_around_a_call_that_is_not_a_kernel():
+    # a packed call between two kernels: a group holding both would need the call inside it
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    from autofuse.plan import FusionPlan
+    from autofuse.plan import IllegalPlanError
+    from autofuse.plan import validate
+    from autofuse.space import SearchSpace
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((8, 8), "float32")) -> R.Tensor((8, 8), "float32"):
+            with R.dataflow():
+                a = R.nn.relu(x)
+                b = R.exp(a)
+                c = R.call_dps_packed("my_library.scan", (b,), out_ty=R.Tensor((8, 8), "float32"))
+                d = R.nn.relu(c)
+                e = R.add(d, a)
+                R.output(e)
+            return e
+
+    w = prepare(Module)
+    ops = [n.op for n in w.graph.nodes]
+    b = next(i for i, op in enumerate(ops) if "exp" in op)
+    d = next(i for i, op in enumerate(ops) if op.startswith("relu") and i > b)
+    assert not w.graph.nodes[b].fusable and not w.graph.nodes[d].fusable
+    with pytest.raises(IllegalPlanError):
+        validate(w.graph, FusionPlan.from_groups([[b, d]] + [[n] for n in range(len(ops)) if n not in (b, d)]))
+    everything = SearchSpace(w.graph).plan_of_kinds({"vertical", "horizontal", "reduction"})
+    assert all(not ({b, d} <= set(g)) for g in everything.groups)
