@@ -244,7 +244,16 @@ def _odd_kernels():
                 R.output(z)
             return z
 
-    return {"window_reverse": WindowReverse, "softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
+    @I.ir_module
+    class GroupedConv:  # RegNet: 3x3 convolution in groups of 8 channels, stride 2
+        @R.function
+        def main(x: R.Tensor((1, 16, 32, 32), "float32"), w: R.Tensor((16, 8, 3, 3), "float32")) -> R.Tensor((1, 16, 16, 16), "float32"):
+            with R.dataflow():
+                y = R.nn.relu(R.nn.conv2d(x, w, strides=2, padding=1, groups=2))
+                R.output(y)
+            return y
+
+    return {"grouped_conv": GroupedConv, "window_reverse": WindowReverse, "softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
             "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "mean_no_keepdims": MeanNoKeepdims}
 
 
@@ -264,3 +273,17 @@ def test_odd_kernels_schedule_to_the_same_numbers(case):
         for a, b in zip(got, want):
             tol = 2e-2 if a.dtype == np.float16 else 1e-4
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_grouped_convolution_vectorises_within_a_group():
+    # 16 output channels in groups of 8: a 16-lane vector would gather input channels from two
+    # groups; 8 lanes read one broadcast input value each
+    from autofuse.workload import prepare
+
+    w = prepare(_odd_kernels()["grouped_conv"])
+    fused, kernels = apply.fuse(w.mod, w.graph, w.tvm_default())
+    name = next(k for k in kernels if "conv2d" in k)
+    text = schedule_cpu(fused[name], lanes=16).script()
+    lines = text.splitlines()
+    update = next(i for i, line in enumerate(lines) if 'T.sblock("group_conv2d_nhwc_update")' in line)
+    assert 'scope="local"' in text and "T.vectorized(T.int64(8))" in lines[update - 1], lines[update - 1]
