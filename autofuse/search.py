@@ -40,6 +40,7 @@ from autofuse.metrics import plan_metrics
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.space import SearchSpace
+from autofuse import tuning_log
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import TuningRecord
 from autofuse.tuning_log import device_fingerprint
@@ -80,7 +81,7 @@ class TuneConfig:
     model_measure: int = 4
     finalists: int = 3
     final_repeat: int = 15
-    final_rounds: int = 3
+    final_rounds: int = 5  # paired rounds of the finalists against tvm_default (decision.py)
     kernel_trials: int = 0  # MetaSchedule trials per kernel for the finalists (0: off)
     kernel_plans: int = 2  # finalists (besides tvm_default) whose kernels get tuned
     min_gain: float = 0.02
@@ -175,7 +176,8 @@ class Tuner:
     # --- history ------------------------------------------------------------------------------
 
     def _comparable(self, rec: TuningRecord) -> bool:
-        return rec.target == self.target and rec.scheduler == self.scheduler
+        return (rec.target == self.target and rec.scheduler == self.scheduler
+                and rec.versions.get("kernels") == str(tuning_log.KERNELS_VERSION))
 
     def _load_history(self) -> None:
         for rec in self._follower.follow():
@@ -293,7 +295,7 @@ class Tuner:
 
     @property
     def study_name(self) -> str:
-        return f"{self.w.key}-{self.target}-{self.space_name}-{self.scheduler}"
+        return f"{self.w.key}-{self.target}-{self.space_name}-{self.scheduler}-k{tuning_log.KERNELS_VERSION}"
 
     # --- strategies ---------------------------------------------------------------------------
 

@@ -32,8 +32,14 @@ class LogError(ValueError):
     """A log that cannot be read as it is: one line naming the file and the problem."""
 
 
+# What a plan compiles to under this code: bump it when normalisation or the rule-based schedules
+# change the kernels. Latencies logged under another value describe other kernels: the tuner
+# neither reuses them as measurements nor learns from them (their plans stay deployable).
+KERNELS_VERSION = 2
+
+
 def versions() -> dict[str, str]:
-    out = {}
+    out = {"kernels": str(KERNELS_VERSION)}
     for dist, key in (
         ("autofuse", "autofuse"),
         ("apache-tvm", "tvm"),

@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
+# architectures the kernels and the search were not developed on: a check of the general case
+# (`python scripts/benchmark.py --models unseen`)
+UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "convnext", "efficientnet", "regnet",
+          "segformer", "whisper_encoder"]
 
 
 def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
@@ -20,6 +24,7 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
     torch.manual_seed(0)
     ids = (torch.randint(0, 1000, (1, 32)),)
     image32, image64 = (torch.randn(1, 3, 32, 32),), (torch.randn(1, 3, 64, 64),)
+    audio = (torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(1)),)  # leaves the seed's stream alone
     small_tf = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512)
     table = {
         "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
@@ -32,6 +37,35 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
                                                            depths=[1, 1, 1, 1])), image64, ["pixel_values"]),
         "mobilenetv2": (lambda: tf.MobileNetV2Model(tf.MobileNetV2Config(image_size=64, depth_multiplier=0.5)),
                         image64, ["pixel_values"]),
+        "distilbert": (lambda: tf.DistilBertModel(tf.DistilBertConfig(vocab_size=1000, dim=128, n_layers=2, n_heads=4,
+                                                                        hidden_dim=512)), ids, ["input_ids"]),
+        "roberta": (lambda: tf.RobertaModel(tf.RobertaConfig(vocab_size=1000, max_position_embeddings=64, **small_tf)),
+                    ids, ["input_ids"]),
+        "albert": (lambda: tf.AlbertModel(tf.AlbertConfig(vocab_size=1000, embedding_size=64, **small_tf)), ids,
+                   ["input_ids"]),
+        "t5_encoder": (lambda: tf.T5EncoderModel(tf.T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=256,
+                                                              num_layers=2, num_heads=4)), ids, ["input_ids"]),
+        "deit": (lambda: tf.DeiTModel(tf.DeiTConfig(image_size=32, patch_size=8, **small_tf)), image32,
+                 ["pixel_values"]),
+        "swin": (lambda: tf.SwinModel(tf.SwinConfig(image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
+                                                     num_heads=[2, 4], window_size=4)), image64, ["pixel_values"]),
+        "convnext": (lambda: tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1])),
+                     image64, ["pixel_values"]),
+        "efficientnet": (lambda: tf.EfficientNetModel(tf.EfficientNetConfig(image_size=64, width_coefficient=0.25,
+                                                                             depth_coefficient=0.25, hidden_dim=320)),
+                         image64, ["pixel_values"]),
+        "regnet": (lambda: tf.RegNetModel(tf.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+                                                           depths=[1, 1, 1, 1], groups_width=8)), image64,
+                   ["pixel_values"]),
+        "segformer": (lambda: tf.SegformerModel(tf.SegformerConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                                                    num_attention_heads=[1, 1, 2, 2],
+                                                                    decoder_hidden_size=64)), image64,
+                      ["pixel_values"]),
+        "whisper_encoder": (lambda: tf.WhisperModel(tf.WhisperConfig(
+            vocab_size=1000, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=1,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
+            max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+            decoder_start_token_id=0)).get_encoder(), audio, ["input_features"]),
     }
     make, args, names = table[name]
 

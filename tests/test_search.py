@@ -68,7 +68,8 @@ def test_model_strategy_uses_earlier_logs(transformer, tmp_path):
     assert result.best_measurement.ok
     assert fake.latency_s(result.best) <= fake.latency_s(transformer.tvm_default())
     # with the cost model trained on the log, only the top few candidates were measured
-    assert result.measured <= 3 + 2 + 1 + 3 * 4
+    cfg = TuneConfig()
+    assert result.measured <= 3 + 2 + 1 + cfg.final_rounds * (cfg.finalists + 1)
 
 
 def test_cost_model_screens_and_ranks(transformer, tmp_path):
@@ -134,3 +135,22 @@ def _pgid(pid: str) -> int | None:
             return int(fh.read().rsplit(")", 1)[1].split()[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_latencies_of_other_kernels_are_not_reused(small, tmp_path, monkeypatch):
+    # after a change to normalisation or the schedules, logged latencies describe other kernels:
+    # a new run measures again (its own study), while the old plans stay in the log
+    from autofuse import tuning_log
+
+    first = FakeMeasurer(small.graph)
+    Tuner(small, "llvm", first, TuningLog(tmp_path), TuneConfig(trials=6, finalize=False)).run()
+    again = FakeMeasurer(small.graph)
+    Tuner(small, "llvm", again, TuningLog(tmp_path), TuneConfig(trials=6, finalize=False)).run()
+    assert again.calls == []  # same kernels: everything answered from the log
+    monkeypatch.setattr(tuning_log, "KERNELS_VERSION", tuning_log.KERNELS_VERSION + 1)
+    upgraded = FakeMeasurer(small.graph)
+    tuner = Tuner(small, "llvm", upgraded, TuningLog(tmp_path), TuneConfig(trials=6, finalize=False))
+    tuner.run()
+    assert len(set(upgraded.calls)) >= 6
+    assert {small.unfused().key, small.tvm_default().key} <= set(upgraded.calls)  # measured again
+    assert {r.versions["kernels"] for r in TuningLog(tmp_path).records()} == {"2", "3"}
