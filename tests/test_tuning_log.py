@@ -5,6 +5,7 @@ import pytest
 from autofuse.measure import Measurement
 from autofuse.plan import FusionPlan
 from autofuse.tuning_log import LogError
+from autofuse.tuning_log import KERNELS_VERSION
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import TuningRecord
 
@@ -26,7 +27,8 @@ def test_round_trip_and_fields(tmp_path):
     for field in ("schema", "versions", "model_key", "target", "device", "plan", "measurement",
                   "protocol", "created", "scheduler"):
         assert field in data
-    assert set(data["versions"]) == {"autofuse", "tvm", "optuna", "xgboost"}
+    assert set(data["versions"]) == {"autofuse", "tvm", "optuna", "xgboost", "kernels"}
+    assert data["versions"]["kernels"] == str(KERNELS_VERSION)  # which kernels the latency describes
 
 
 def test_torn_last_line_is_skipped_and_later_appends_survive(tmp_path):
