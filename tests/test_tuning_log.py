@@ -4,8 +4,8 @@ import pytest
 
 from autofuse.measure import Measurement
 from autofuse.plan import FusionPlan
-from autofuse.tuning_log import LogError
 from autofuse.tuning_log import KERNELS_VERSION
+from autofuse.tuning_log import LogError
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import TuningRecord
 
