@@ -430,8 +430,9 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
     partials = []
     for b in sch.get_child_blocks(root):
         loops = sch.get_loops(b)
-        width = _vector_width(_extent(sch, loops[-1]), lanes) if loops else None
-        if _is_reduction(sch, b) and width is not None:
+        ext = _extent(sch, loops[-1]) if loops else None
+        width = _vector_width(ext, lanes)
+        if _is_reduction(sch, b) and width is not None and ext > width:  # one vector: nothing to split
             _, lane = sch.split(loops[-1], [None, width])
             partials.append(sch.rfactor(lane, len(sch.get(b).writes[0].region)))
     blocks = sch.get_child_blocks(root)

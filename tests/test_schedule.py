@@ -212,6 +212,15 @@ def _odd_kernels():
             return z
 
     @I.ir_module
+    class OneVectorRows:  # a row exactly one vector long: no partial results to split off
+        @R.function
+        def main(x: R.Tensor((8, 16), "float32")) -> R.Tensor((8, 16), "float32"):
+            with R.dataflow():
+                y = R.nn.softmax(x, axis=-1)
+                R.output(y)
+            return y
+
+    @I.ir_module
     class HalfSoftmax:
         @R.function
         def main(x: R.Tensor((16, 256), "float16")) -> R.Tensor((16, 256), "float16"):
@@ -254,7 +263,7 @@ def _odd_kernels():
             return y
 
     return {"grouped_conv": GroupedConv, "window_reverse": WindowReverse, "softmax197": Softmax197, "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
-            "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "mean_no_keepdims": MeanNoKeepdims}
+            "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "one_vector_rows": OneVectorRows, "mean_no_keepdims": MeanNoKeepdims}
 
 
 @pytest.mark.parametrize("case", sorted(_odd_kernels()))
@@ -269,6 +278,9 @@ def test_odd_kernels_schedule_to_the_same_numbers(case):
     space = SearchSpace(w.graph)
     for plan in (w.tvm_default(), space.plan_of_kinds({"vertical", "horizontal", "reduction"})):
         fused = apply.apply_plan(w.mod, w.graph, plan)
+        for name, func in fused.functions.items():  # every kernel gets a schedule (none fell back)
+            if isinstance(func, tvm.tirx.PrimFunc) and name.name_hint.startswith(("fused_", "fast_softmax")):
+                assert schedule_cpu(func, lanes=16) is not None, name
         want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
         for a, b in zip(got, want):
             tol = 2e-2 if a.dtype == np.float16 else 1e-4
