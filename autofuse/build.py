@@ -140,10 +140,12 @@ class DLightWithFallback:
         from tvm import tirx
         from tvm.s_tir import dlight as dl
 
+        from autofuse.schedule import SCHEDULED_ATTR
+
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
         out = mod.clone()
         for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs and "tirx.is_scheduled" in func.attrs:
+            if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
                 continue
             for rule in rules:
                 try:
@@ -151,7 +153,7 @@ class DLightWithFallback:
                 except Exception:  # the rule cannot schedule this kernel: try the next one
                     continue
                 scheduled = one[gv.name_hint]
-                if scheduled.attrs and "tirx.is_scheduled" in scheduled.attrs:
+                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs:
                     out[gv] = scheduled
                     break
             else:

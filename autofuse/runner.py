@@ -88,6 +88,8 @@ def _close(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: flo
 def measure_batch(batch_dir: str, args: argparse.Namespace) -> dict:
     with open(os.path.join(batch_dir, "manifest.json")) as fh:
         manifest = json.load(fh)
+    if args.device is None:  # the batch's target
+        args.device = "cuda" if manifest["target"].startswith("cuda") else "cpu"
     tvm, remote, dev = _session(args)
     feeds = [np.load(os.path.join(batch_dir, i["file"])) for i in manifest["inputs"]]
     want = [np.load(os.path.join(batch_dir, f)) for f in manifest.get("expected", [])]
@@ -201,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(os.path.join(args.batch_dir, "manifest.json")):
         print(f"runner: error: {args.batch_dir} has no manifest.json", file=sys.stderr)
         return 2
-    if args.device is None:
-        with open(os.path.join(args.batch_dir, "manifest.json")) as fh:
-            args.device = "cuda" if json.load(fh)["target"].startswith("cuda") else "cpu"
     measure_batch(args.batch_dir, args)
     return 0
 

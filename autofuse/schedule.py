@@ -48,6 +48,16 @@ MIN_PARALLEL_WORK = 1 << 18
 ROW_PARALLEL_WORK = 1 << 16
 
 
+def _names(text: str, var: str) -> bool:
+    """Whether printed TIR `text` mentions the variable named `var`."""
+    return re.search(rf"\b{re.escape(var)}\b", text) is not None
+
+
+def _uses(expr: object, var: tirx.Var) -> bool:
+    """Whether TIR expression `expr` depends on `var`."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
 def _vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
     bits = 32
     for buf in func.params:
@@ -153,12 +163,9 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
     the image row, against the input window)."""
     reads = [str(r) for r in sch.get(block).reads]
 
-    def uses(var: str, text: str) -> bool:
-        return re.search(rf"\b{re.escape(var)}\b", text) is not None
-
-    j_inputs = [r for r in reads if uses(s_vars[-1], r)]
+    j_inputs = [r for r in reads if _names(r, s_vars[-1])]
     for k in reversed(range(len(s_vars) - 1)):
-        if not any(uses(s_vars[k], r) for r in j_inputs):
+        if not any(_names(r, s_vars[k]) for r in j_inputs):
             return k
     return len(s_vars) - 2
 
@@ -238,11 +245,7 @@ def _lane_width(
 def _lanes_share(region: object, jv: tirx.Var, width: int, blocks: int, ana: object) -> bool:
     """Whether a read is contiguous along `jv` or the same for `width` aligned values of it."""
     index = [r.min for r in region.region]  # type: ignore[attr-defined]
-
-    def uses(expr: object, var: tirx.Var) -> bool:
-        return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
-
-    if not any(uses(e, jv) for e in index):
+    if not any(_uses(e, jv) for e in index):
         return True
     dtype = str(jv.ty.dtype)
     outer, lane = tirx.Var("j_outer", dtype), tirx.Var("j_lane", dtype)
@@ -250,9 +253,9 @@ def _lanes_share(region: object, jv: tirx.Var, width: int, blocks: int, ana: obj
     ana.bind(outer, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, blocks)))  # type: ignore[attr-defined]
     ana.bind(jv, outer * tirx.IntImm(dtype, width) + lane)  # type: ignore[attr-defined]
     split = [ana.simplify(e) for e in index]  # type: ignore[attr-defined]
-    if not any(uses(e, lane) for e in split):
+    if not any(_uses(e, lane) for e in split):
         return True  # one value for all lanes
-    return not any(uses(e, lane) for e in split[:-1]) and not uses(ana.simplify(split[-1] - lane), lane)  # type: ignore[attr-defined]
+    return not any(_uses(e, lane) for e in split[:-1]) and not _uses(ana.simplify(split[-1] - lane), lane)  # type: ignore[attr-defined]
 
 
 def _row_tile(rows: int, most: int) -> int:
@@ -376,7 +379,7 @@ def _reuses_inputs(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
         return False
     axes = [str(iv.var) for iv in blk.iter_vars if int(iv.iter_type) == 0 and int(iv.dom.extent) > 1]
     reads = [str(r) for r in blk.reads]
-    return any(re.search(rf"\b{re.escape(v)}\b", r) is None for v in axes for r in reads)
+    return any(not _names(r, v) for v in axes for r in reads)
 
 
 def _reduction_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[bool] | None:
@@ -388,9 +391,8 @@ def _reduction_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops:
     blk = sch.get(block)
     for stmt in list(body.seq) if hasattr(body, "seq") else [body]:
         if hasattr(stmt, "iter_values") and stmt.block.same_as(blk):
-            used = [v for iv, value in zip(blk.iter_vars, stmt.iter_values) if int(iv.iter_type) == _REDUCE
-                    for v in tirx.analysis.undefined_vars(value)]
-            return [any(sch.get(lp).loop_var.same_as(v) for v in used) for lp in loops]
+            reduce = [value for iv, value in zip(blk.iter_vars, stmt.iter_values) if int(iv.iter_type) == _REDUCE]
+            return [any(_uses(value, sch.get(lp).loop_var) for value in reduce) for lp in loops]
     return None
 
 
@@ -476,14 +478,8 @@ def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
         sch.vectorize(sch.get_loops(block)[-1])
         sch.decompose_reduction(block, steps[0])
         return
-    ext = _extent(sch, loops[-1])
-    width = _vector_width(ext, lanes)
-    if width is None or any(kinds):
-        return
-    last = loops[-1]
-    if ext != width:
-        _, last = sch.split(last, [None, width])
-    sch.vectorize(last)
+    if not any(kinds):
+        _vectorize_inner(sch, block, lanes)
 
 
 def _is_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

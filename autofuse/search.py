@@ -28,9 +28,11 @@ from typing import Protocol
 import numpy as np
 import optuna
 
+from autofuse import tuning_log
 from autofuse.build import MeasureConfig
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
+from autofuse.decision import Rounds
 from autofuse.decision import decide_over_default
 from autofuse.decision import measure_rounds
 from autofuse.features import group_features
@@ -40,7 +42,6 @@ from autofuse.metrics import plan_metrics
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.space import SearchSpace
-from autofuse import tuning_log
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import TuningRecord
 from autofuse.tuning_log import device_fingerprint
@@ -170,7 +171,6 @@ class Tuner:
         self.started = time.perf_counter()
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
-        self._per_round: dict[str, list[float]] = {}  # the last finalist rounds, for the paired decision
         self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
 
     # --- history ------------------------------------------------------------------------------
@@ -442,25 +442,24 @@ class Tuner:
         finalists = [plans[k] for k in self._fastest(self.cfg.finalists) if k in plans]
         if default.key not in [p.key for p in finalists]:
             finalists.append(default)
-        good, noise, final_cfg = self._measure_rounds(finalists, self.scheduler)
+        final = self._measure_rounds(finalists, self.scheduler)
+        good = final.good
         if not good:
             dm = self.measured.get(default.key) or Measurement(default.key, "runtime_error", error="no finalist ran")
             return self._result(default, dm, default, "no finalist measured correctly", None)
-        winner, reason = self._decide(good, noise, default, plans)
         if self.cfg.kernel_trials > 0 and hasattr(self.measurer, "tune_kernels"):
             return self._finalize_tuned(finalists, good, default, plans)
-        self.log.append(self._record(winner, good[winner.key], "best", None, None, final_cfg))
+        winner, reason = self._decide(final, default, plans)
+        self.log.append(self._record(winner, good[winner.key], "best", None, None, final.config))
         return self._result(winner, good[winner.key], default, reason, good.get(default.key))
 
     def _fastest(self, n: int) -> list[str]:
         ok = [(k, m.median_s) for k, m in self.measured.items() if m.ok and m.median_s]
         return [k for k, _ in sorted(ok, key=lambda km: km[1])[:n]]
 
-    def _decide(
-        self, good: dict[str, Measurement], noise: dict[str, float], default: FusionPlan, plans: dict[str, FusionPlan]
-    ) -> tuple[FusionPlan, str]:
-        medians = {k: m.median_s for k, m in good.items() if m.median_s}
-        key, reason = decide_over_default(medians, noise, default.key, self.cfg.min_gain, self._per_round)
+    def _decide(self, rounds: Rounds, default: FusionPlan, plans: dict[str, FusionPlan]) -> tuple[FusionPlan, str]:
+        medians = {k: m.median_s for k, m in rounds.good.items() if m.median_s}
+        key, reason = decide_over_default(medians, rounds.noise, default.key, self.cfg.min_gain, rounds.per_round)
         return plans.get(key, default), reason
 
     def _finalize_tuned(
@@ -481,12 +480,13 @@ class Tuner:
             self.progress({"event": "tuning_kernels", "plan": plan})
             result = self.measurer.tune_kernels(plan, self.cfg.kernel_trials, self.cfg.seed)  # type: ignore[attr-defined]
             self.progress({"event": "kernels_tuned", "plan": plan, "result": result})
-        good, noise, cfg = self._measure_rounds(tuned, "metaschedule")
+        final = self._measure_rounds(tuned, "metaschedule")
+        good = final.good
         if not good:
             dm = cheap.get(default.key) or Measurement(default.key, "runtime_error", error="no finalist ran")
             return self._result(default, dm, default, "no plan ran with tuned kernels", None)
-        winner, reason = self._decide(good, noise, default, plans)
-        self.log.append(self._record(winner, good[winner.key], "best", None, None, cfg, "metaschedule"))
+        winner, reason = self._decide(final, default, plans)
+        self.log.append(self._record(winner, good[winner.key], "best", None, None, final.config, "metaschedule"))
         both = [k for k in good if k in cheap]
         self.rank_agreement = kendall_tau([cheap[k].median_s or 0.0 for k in both], [good[k].median_s or 0.0 for k in both])
         res = self._result(winner, good[winner.key], default, f"{reason}, MetaSchedule-tuned kernels", good.get(default.key))
@@ -496,16 +496,12 @@ class Tuner:
         res.summary["tuned_latency_s"] = {k: good[k].median_s for k in both}
         return res
 
-    def _measure_rounds(
-        self, plans: list[FusionPlan], scheduler: str
-    ) -> tuple[dict[str, Measurement], dict[str, float], MeasureConfig]:
+    def _measure_rounds(self, plans: list[FusionPlan], scheduler: str) -> Rounds:
         """The finalists in interleaved rounds (decision.measure_rounds), each measurement logged."""
         rounds = max(1, self.cfg.final_rounds)
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
-        res = measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg)
-        self._per_round = res.per_round
-        return res.good, res.noise, res.config
+        return measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg)
 
     def _known_plans(self) -> list[FusionPlan]:
         plans = {p.key: p for p in self.seeds}

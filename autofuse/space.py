@@ -127,10 +127,9 @@ class SearchSpace:
         give `base` again and are left out)."""
         params = self.encode(base)
         plans = {}
-        for name, kinds in (("+horizontal", {"horizontal"}), ("+reduction", {"reduction"}),
+        for name, kinds in ((f"{base.name}+horizontal", {"horizontal"}), (f"{base.name}+reduction", {"reduction"}),
                             ("all_fused", {"vertical", "horizontal", "reduction"})):
-            plan = self.decode({**params, **{d.id: True for d in self.decisions if d.kind in kinds}},
-                               name if name == "all_fused" else f"{base.name}{name}")
+            plan = self.decode({**params, **{d.id: True for d in self.decisions if d.kind in kinds}}, name)
             if plan.key != base.key:
                 plans.setdefault(plan.key, plan)
         return list(plans.values())

@@ -53,7 +53,6 @@ from hf_models import torch_model  # noqa: E402
 GENERATED = ["mlp", "conv_block", "transformer_block", "norm_chain"]
 
 
-
 # --- models ---------------------------------------------------------------------------------------
 
 
@@ -367,17 +366,19 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     limits = machine_limits()  # measured again at the end: the best of both (a busy moment only lowers them)
-    results_path = out / "results.json"
-    results = []
+    results: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every model: a run cut short keeps what it measured
+        (out / "results.json").write_text(json.dumps({"limits": limits, "models": results}, indent=1))
+        write_report(results, limits, out, "python scripts/benchmark.py " + " ".join(sys.argv[1:]))
+
     for name in names:
         print(f"== {name}", file=sys.stderr, flush=True)
         results.append(run_model(name, args))
-        results_path.write_text(json.dumps({"limits": limits, "models": results}, indent=1))
-        write_report(results, limits, out, "python scripts/benchmark.py " + " ".join(sys.argv[1:]))
+        save()
     again = machine_limits()
     limits = {k: max(v, again[k]) for k, v in limits.items()}
-    results_path.write_text(json.dumps({"limits": limits, "models": results}, indent=1))
-    write_report(results, limits, out, "python scripts/benchmark.py " + " ".join(sys.argv[1:]))
+    save()
     print((out / "RESULTS.md").read_text())
 
 

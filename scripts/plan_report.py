@@ -4,7 +4,7 @@ Plans: unfused, tvm_default (TVM FuseOps' grouping), and TVM's plan plus horizon
 plus reduction->broadcast fusions, and plus both. Every plan is built and timed in the isolated
 worker and checked against the unfused reference.
 
-    python scripts/plan_report.py [MODEL] [--input name:1x3x224x224] [--target llvm]
+    python scripts/plan_report.py [MODEL] [--input name:1x3x224x224] [--target llvm] [--kernels N]
 
 MODEL is an ONNX or TVMScript file, or the name of a built-in model (default:
 transformer_block).
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--input", action="append", default=[], type=InputSpec.parse)
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also time each kernel of TVM's plan alone and list the N slowest")
     args = ap.parse_args()
     console = Console(width=120)
     source = Path(args.model)
@@ -77,6 +79,23 @@ def main() -> None:
                 r.status if r.status in ("ok", "built") else f"{r.status}: {r.error}",
             )
     console.print(table)
+    if args.kernels and not build_only:
+        with IsolatedMeasurer(w, target=args.target, config=config) as m:
+            _print_kernels(console, w, m.measure(w.tvm_default(), time_groups=True), args.kernels)
+
+
+def _print_kernels(console, w, m, n):
+    """TVM's plan kernel by kernel: where its time goes (each kernel alone, on random buffers)."""
+    rows = {}
+    for group, key in zip(w.tvm_default().groups, m.kernels):
+        if key in m.kernel_latencies_s:
+            ops = "+".join(w.graph.nodes[i].op for i in group)
+            calls, _ = rows.get(key, (0, ops))
+            rows[key] = (calls + 1, ops)
+    total = sum(m.kernel_latencies_s[k] * c for k, (c, _) in rows.items())
+    console.print(f"tvm_default kernels alone: {total * 1e6:.1f} us in all; slowest:")
+    for key, (calls, ops) in sorted(rows.items(), key=lambda kv: -m.kernel_latencies_s[kv[0]] * kv[1][0])[:n]:
+        console.print(f"  {m.kernel_latencies_s[key] * 1e6:8.1f} us x{calls}  {ops[:90]}")
 
 
 if __name__ == "__main__":
