@@ -34,7 +34,7 @@ class FusionLimits:
     """Resource and kind limits on groups; declared in search_spaces/*.json."""
 
     max_ops_per_group: int = 32
-    max_anchors_per_group: int = 2
+    max_anchors_per_group: int = 3
     kinds: frozenset[str] = frozenset(FUSION_KINDS)
     horizontal_window: int = 8  # how far apart (in binding order) horizontal candidates may be
 
@@ -46,7 +46,7 @@ class FusionLimits:
             raise ValueError(f"unknown fusion kinds {sorted(unknown)}; known: {FUSION_KINDS}")
         return FusionLimits(
             max_ops_per_group=int(data.get("max_ops_per_group", 32)),
-            max_anchors_per_group=int(data.get("max_anchors_per_group", 2)),
+            max_anchors_per_group=int(data.get("max_anchors_per_group", 3)),
             kinds=frozenset(kinds),
             horizontal_window=int(data.get("horizontal_window", 8)),
         )

@@ -382,18 +382,27 @@ def _reuses_inputs(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return any(not _names(r, v) for v in axes for r in reads)
 
 
-def _reduction_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[bool] | None:
-    """For each of `block`'s loops, whether a reduction iterator depends on it (from the block's
-    iterator bindings: after compute_at, loops no longer follow the iterators' order)."""
+def _driven(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[set[int]] | None:
+    """For each of `block`'s loops, which of its iterators the loop drives (from the iterator
+    bindings: after compute_at, loops no longer follow the iterators' order)."""
     if not loops:
         return []
     body = sch.get(loops[-1]).body
     blk = sch.get(block)
     for stmt in list(body.seq) if hasattr(body, "seq") else [body]:
         if hasattr(stmt, "iter_values") and stmt.block.same_as(blk):
-            reduce = [value for iv, value in zip(blk.iter_vars, stmt.iter_values) if int(iv.iter_type) == _REDUCE]
-            return [any(_uses(value, sch.get(lp).loop_var) for value in reduce) for lp in loops]
+            return [{k for k, value in enumerate(stmt.iter_values) if _uses(value, sch.get(lp).loop_var)}
+                    for lp in loops]
     return None
+
+
+def _reduction_loops(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[bool] | None:
+    """For each of `block`'s loops, whether a reduction iterator depends on it."""
+    driven = _driven(sch, block, loops)
+    if driven is None:
+        return None
+    reduce = {k for k, iv in enumerate(sch.get(block).iter_vars) if int(iv.iter_type) == _REDUCE}
+    return [bool(d & reduce) for d in driven]
 
 
 def _nest_work(sch: s_tir.Schedule) -> int:
@@ -413,8 +422,9 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
-    if not any(_is_reduction(sch, b) for b in blocks) or any(_reuses_inputs(sch, b) for b in blocks):
-        return None
+    products = [b for b in blocks if _reuses_inputs(sch, b)]
+    if not any(_is_reduction(sch, b) and b not in products for b in blocks):
+        return None  # no row reduction: GEMMs and convolutions get register tiles instead
     for b in blocks:
         kinds = _reduction_loops(sch, b, sch.get_loops(b))
         if kinds is None or (any(kinds) and not kinds[-1]):
@@ -434,9 +444,14 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
         loops = sch.get_loops(b)
         ext = _extent(sch, loops[-1]) if loops else None
         width = _vector_width(ext, lanes)
-        if _is_reduction(sch, b) and width is not None and ext > width:  # one vector: nothing to split
+        if _is_reduction(sch, b) and not _reuses_inputs(sch, b) and width is not None and ext > width:
             _, lane = sch.split(loops[-1], [None, width])
-            partials.append(sch.rfactor(lane, len(sch.get(b).writes[0].region)))
+            axis = len(sch.get(b).writes[0].region)
+            partials.append(sch.rfactor(lane, axis))
+            while width >= 4:  # the partials summed pairwise: a tree, not a chain of `width`
+                width //= 2
+                _, lane = sch.split(sch.get_loops(b)[-1], [2, width])
+                partials.append(sch.rfactor(lane, axis))
     blocks = sch.get_child_blocks(root)
     sink = blocks[-1]
     if any(not sch.get_consumers(b) for b in blocks[:-1]):
@@ -449,6 +464,9 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
         trial = sch.copy()
         head = trial.get_loops(sink)[:depth]
         row = trial.fuse(*head) if depth > 1 else head[0]
+        tile = _product_rows(trial, products, _extent(trial, row), lanes)
+        if tile > 1:  # several rows at once: independent accumulators hide the FMA latency
+            row, _ = trial.split(row, [None, tile])
         try:
             for b in reversed(blocks[:-1]):
                 trial.compute_at(b, row, preserve_unit_loops=False)
@@ -465,6 +483,19 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
     return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 
+def _product_rows(sch: s_tir.Schedule, products: list, rows: int | None, lanes: int) -> int:
+    """Rows a row kernel with matmul-like stages computes together: each stage then keeps
+    rows x vectors accumulators in registers (one row's single chain of FMAs waits on latency).
+    Only exact divisors: compute_at drops a partial tile's predicate."""
+    if not products or not rows:
+        return 1
+    width = 1
+    for b in products:
+        spatial = [iv for iv in sch.get(b).iter_vars if int(iv.iter_type) == 0]
+        width = max(width, -(-int(spatial[-1].dom.extent) // lanes))
+    return next((t for t in (4, 2) if rows % t == 0 and t * width <= ACCUMULATORS), 1)
+
+
 def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, partial: bool) -> None:
     """Vectorise one stage inside the row loop (the first loop of every stage): elementwise
     stages along their innermost axis, partial reductions along their lanes."""
@@ -473,13 +504,31 @@ def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
     if len(loops) < 2 or kinds is None:
         return
     if partial:  # compute_at made loops in iterator order: the steps go outside the lanes
+        blk = sch.get(block)
+        lane_var = blk.writes[0].region[-1].min  # rfactor's new axis indexes the partials last
+        lane = next(k for k, iv in enumerate(blk.iter_vars) if iv.var.same_as(lane_var))
+        driven = _driven(sch, block, loops) or []
         steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]
-        sch.reorder(*steps, *[lp for lp, r in zip(loops[1:], kinds[1:]) if not r])
-        sch.vectorize(sch.get_loops(block)[-1])
+        rows = [lp for lp, r, d in zip(loops[1:], kinds[1:], driven[1:]) if not r and lane not in d]
+        lanes_loop = [lp for lp, d in zip(loops[1:], driven[1:]) if lane in d]
+        sch.reorder(*steps, *rows, *lanes_loop)
+        sch.vectorize(lanes_loop[-1])
         sch.decompose_reduction(block, steps[0])
         return
     if not any(kinds):
         _vectorize_inner(sch, block, lanes)
+    elif not kinds[0]:  # a matmul-like stage: i-k-j within the row, its output row vectorised
+        steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]
+        spatial = [lp for lp, r in zip(loops[1:], kinds[1:]) if not r]
+        if not spatial:
+            return
+        sch.reorder(*steps, *spatial)
+        _vectorize_inner(sch, block, lanes)  # before the init leaves the reduction loop
+        outputs = sch.get_loops(block)[1 + len(steps):-1]
+        if math.prod(_extent(sch, lp) or ACCUMULATORS for lp in outputs) <= ACCUMULATORS:
+            for lp in outputs:  # a few rows and vectors of output: accumulators stay in registers
+                sch.unroll(lp)
+        sch.decompose_reduction(block, steps[0])
 
 
 def _is_padding(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -122,14 +122,23 @@ class SearchSpace:
         return self.decode({d.id: d.kind in kinds for d in self.decisions}, name)
 
     def plus_kinds(self, base: FusionPlan) -> list[FusionPlan]:
-        """`base` with every horizontal, every reduction -> broadcast, and every decision taken:
-        the first plans an engineer would try beside a rule-based plan (kinds the space lacks
-        give `base` again and are left out)."""
+        """`base` with every horizontal, every reduction -> broadcast, every producer-consumer
+        merge of two of its groups that both hold an anchor (attention's matmul -> softmax ->
+        matmul, which rule-based fusion never builds), and every decision taken: the first plans
+        an engineer would try beside a rule-based plan (those equal to `base` are left out)."""
         params = self.encode(base)
+        group_of = base.group_of()
+        anchored = {i for i, g in enumerate(base.groups) if any(self.graph.nodes[n].is_anchor for n in g)}
+        chosen = {
+            f"{base.name}+horizontal": {d.id for d in self.decisions if d.kind == "horizontal"},
+            f"{base.name}+reduction": {d.id for d in self.decisions if d.kind == "reduction"},
+            f"{base.name}+anchors": {d.id for d in self.decisions if d.kind != "horizontal"
+                                     and {group_of[d.a], group_of[d.b]} <= anchored},
+            "all_fused": {d.id for d in self.decisions},
+        }
         plans = {}
-        for name, kinds in ((f"{base.name}+horizontal", {"horizontal"}), (f"{base.name}+reduction", {"reduction"}),
-                            ("all_fused", {"vertical", "horizontal", "reduction"})):
-            plan = self.decode({**params, **{d.id: True for d in self.decisions if d.kind in kinds}}, name)
+        for name, ids in chosen.items():
+            plan = self.decode({**params, **dict.fromkeys(ids, True)}, name)
             if plan.key != base.key:
                 plans.setdefault(plan.key, plan)
         return list(plans.values())

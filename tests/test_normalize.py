@@ -48,3 +48,22 @@ def test_activations_become_vectorisable_and_keep_their_values(name):
     got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [x])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     assert len(extract_graph(normalized).nodes) >= 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("name", ["isnan", "isinf"])
+def test_nan_and_inf_tests_are_bit_tests_with_ieee_answers(name, dtype):
+    # TVM legalises isnan/isinf as calls run one element at a time; normalize tests the bits
+    op, ref = getattr(relax.op, name), getattr(np, name)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64,), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.where(op(x), relax.const(0.0, dtype), x))
+        bb.emit_func_output(out)
+    normalized = normalize(bb.get())
+    assert f"T.{name}(" not in normalized.script()
+    a = np.random.default_rng(0).standard_normal(64).astype(dtype)
+    a[:8] = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(dtype).max, np.finfo(dtype).tiny]
+    got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [a])[0]
+    np.testing.assert_array_equal(got, np.where(ref(a), 0, a).astype(dtype))

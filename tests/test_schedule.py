@@ -133,8 +133,11 @@ def test_row_reductions_and_broadcasts_run_one_row_at_a_time():
     nests = {sch.get(sch.get_loops(b)[0]) for b in sch.get_child_blocks(sch.get_sblock("root"))}
     assert len(nests) == 1  # every stage inside one row loop
     text = scheduled.script()
-    # each of the four reductions accumulates 16 lanes of partial results, vectorised
-    assert text.count("_rf_update") == 4 and "T.vectorized(16)" in text
+    # each of the four reductions accumulates 16 lanes of partial results, vectorised, and sums
+    # them pairwise (16 -> 8 -> 4 -> 2) rather than in a chain of 16
+    for width in (16, 8, 4, 2):
+        assert text.count(f"T.vectorized({width})") >= 4
+    assert text.count("_rf_update") == 16
     assert text.count("T.exp(") == 1  # exp read by two stages is computed once per row
     a = np.random.default_rng(0).standard_normal((64, 256)).astype("float32")
     np.testing.assert_allclose(_run(scheduled, a, out_shape=(64, 256)), reference(a), rtol=1e-4, atol=1e-4)
@@ -175,6 +178,23 @@ def _softmax(shape):
         with bb.dataflow():
             y = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
         bb.emit_func_output(y)
+    return bb.get()
+
+
+def _attention(heads, tokens, dim=32):
+    """Attention as torch exports it: (Q K^T) softmax, NaNs zeroed, times V."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((1, heads, tokens, dim), "float32"))
+    kt = relax.Var("kt", relax.TensorType((1, heads, dim, tokens), "float32"))
+    v = relax.Var("v", relax.TensorType((1, heads, tokens, dim), "float32"))
+    with bb.function("main", [q, kt, v]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(q, kt)), axis=-1))
+            p = bb.emit(relax.op.where(bb.emit(relax.op.isnan(p)), relax.const(0.0, "float32"), p))
+            out = bb.emit_output(relax.op.matmul(p, v))
+        bb.emit_func_output(out)
     return bb.get()
 
 
@@ -260,6 +280,8 @@ def _odd_kernels():
     return {"grouped_conv": GroupedConv, "window_reverse": WindowReverse,
             "softmax197": _softmax((1, 4, 197, 197)),  # a prime row length, four heads
             "one_vector_rows": _softmax((8, 16)),  # a row exactly one vector long: nothing to split off
+            "attention": _attention(4, 32), "attention17": _attention(4, 17),  # ViT's 17 tokens
+            "attention_one_head17": _attention(1, 17),  # 17 rows: no row tile divides them
             "layer_norm": LayerNormResidual, "scalar_argmax": ScalarSumAndArgmax,
             "channels_last_mean": ChannelsLastMean, "half_softmax": HalfSoftmax, "mean_no_keepdims": MeanNoKeepdims}
 
@@ -297,3 +319,31 @@ def test_grouped_convolution_vectorises_within_a_group():
     lines = text.splitlines()
     update = next(i for i, line in enumerate(lines) if 'T.sblock("group_conv2d_nhwc_update")' in line)
     assert 'scope="local"' in text and "T.vectorized(T.int64(8))" in lines[update - 1], lines[update - 1]
+
+
+def test_attention_runs_as_one_row_kernel_with_register_accumulators():
+    # matmul -> softmax -> matmul fused: every stage inside one row loop, four rows at a time;
+    # each matmul stage keeps 4 rows x 2 vectors of output in registers across its reduction
+    from tvm import s_tir
+
+    from autofuse.workload import prepare
+
+    w = prepare(_attention(4, 32))
+    plan = SearchSpace(w.graph).plan_of_kinds({"vertical"})
+    assert len(plan.groups) == 1
+    fused, kernels = apply.fuse(w.mod, w.graph, plan)
+    scheduled = schedule_cpu(fused[kernels[0]], lanes=16)
+    sch = s_tir.Schedule(scheduled)
+    nests = {sch.get(sch.get_loops(b)[0]) for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert len(nests) == 1
+    text = scheduled.script()
+    assert "T.parallel(T.int64(32))" in text  # 128 rows in tiles of 4
+    assert text.count("T.unroll(T.int64(4))") >= 2 and text.count("T.unroll(T.int64(2))") >= 2
+    assert "T.isnan" not in text  # a bit test (normalize), which vectorises
+    feeds = random_inputs(w.inputs)
+    q, kt, v = feeds
+    s_ = q @ kt
+    e = np.exp(s_ - s_.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    got = build.run(build.build(fused, build.make_target("llvm")), tvm.cpu(), feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
