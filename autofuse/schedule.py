@@ -463,8 +463,10 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
     for depth in range(min(outer, len(loops) - 1), 0, -1):  # the deepest row that adds no work
         trial = sch.copy()
         head = trial.get_loops(sink)[:depth]
+        # a tile of rows must not straddle the next outer index (a head's last rows and the
+        # next head's first): compute_at would cover both heads whole
+        tile = _product_rows(trial, products, _extent(trial, head[-1]), lanes)
         row = trial.fuse(*head) if depth > 1 else head[0]
-        tile = _product_rows(trial, products, _extent(trial, row), lanes)
         if tile > 1:  # several rows at once: independent accumulators hide the FMA latency
             row, _ = trial.split(row, [None, tile])
         try:
