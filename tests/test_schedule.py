@@ -347,3 +347,14 @@ def test_attention_runs_as_one_row_kernel_with_register_accumulators():
     want = (e / e.sum(-1, keepdims=True)) @ v
     got = build.run(build.build(fused, build.make_target("llvm")), tvm.cpu(), feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_rows_do_not_straddle_heads():
+    # 17 tokens per head: no row tile divides them, so rows go one (head, token) at a time; a
+    # tile across two heads made compute_at cover both heads whole (one row loop per head)
+    from autofuse.workload import prepare
+
+    w = prepare(_attention(4, 17))
+    fused, kernels = apply.fuse(w.mod, w.graph, SearchSpace(w.graph).plan_of_kinds({"vertical"}))
+    assert len(kernels) == 1
+    assert "T.parallel(T.int64(68))" in schedule_cpu(fused[kernels[0]], lanes=16).script()
