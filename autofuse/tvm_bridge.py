@@ -100,7 +100,8 @@ def _legalize_float_class(op_name: str):
         def test(x: te.Tensor) -> te.Tensor:
             def element(*i: tirx.Var) -> tirx.PrimExpr:
                 magnitude = tirx.reinterpret(ity, x(*i)) & tirx.const(mask, ity)
-                return magnitude > tirx.const(inf, ity) if op_name == "relax.isnan" else magnitude == tirx.const(inf, ity)
+                inf_bits = tirx.const(inf, ity)
+                return magnitude > inf_bits if op_name == "relax.isnan" else magnitude == inf_bits
             return te.compute(x.shape, element, name=op_name.split(".")[-1])
 
         return bb.call_te(test, call.args[0], primfunc_name_hint=f"tir_{op_name.split('.')[-1]}")
