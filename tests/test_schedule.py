@@ -358,3 +358,32 @@ def test_attention_rows_do_not_straddle_heads():
     fused, kernels = apply.fuse(w.mod, w.graph, SearchSpace(w.graph).plan_of_kinds({"vertical"}))
     assert len(kernels) == 1
     assert "T.parallel(T.int64(68))" in schedule_cpu(fused[kernels[0]], lanes=16).script()
+
+
+def test_arithmetic_before_a_matmul_is_computed_once_not_per_output():
+    # x -> tanh -> reshape -> matmul in one kernel: tanh inlined into the GEMM would run once
+    # per (element, output column); it stays a stage of its own, the reshape inlines
+    from tvm import relax
+    from tvm import s_tir
+
+    from autofuse.workload import prepare
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 64), "float32"))
+    wt = relax.Var("w", relax.TensorType((64, 48), "float32"))
+    with bb.function("main", [x, wt]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.reshape(bb.emit(relax.op.tanh(x)), (32, 64)))
+            out = bb.emit_output(relax.op.matmul(h, wt))
+        bb.emit_func_output(out)
+    w = prepare(bb.get())
+    plan = SearchSpace(w.graph).plan_of_kinds({"vertical"})
+    assert len(plan.groups) == 1
+    fused, kernels = apply.fuse(w.mod, w.graph, plan)
+    scheduled = schedule_cpu(fused[kernels[0]], lanes=16)
+    sch = s_tir.Schedule(scheduled)
+    stages = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert any("tanh" in n for n in stages) and not any("reshape" in n for n in stages), stages
+    feeds = random_inputs(w.inputs)
+    got = build.run(build.build(fused, build.make_target("llvm")), tvm.cpu(), feeds)[0]
+    np.testing.assert_allclose(got, np.tanh(feeds[0]).reshape(32, 64) @ feeds[1], rtol=1e-4, atol=1e-4)
