@@ -417,13 +417,16 @@ def _nest_work(sch: s_tir.Schedule) -> int:
 
 
 def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
-    """Kernels of reductions over the innermost axis and their elementwise/broadcast neighbours
-    (softmax, layer norm, fused chains of them): every stage computed one row at a time under
-    one (parallel) row loop, so the row stays in L1 between stages; reductions vectorised by
-    accumulating a vector of partial results (rfactor), elementwise stages vectorised.
+    """Kernels of reductions over the innermost axis and their neighbours (softmax, layer norm,
+    fused chains of them, and the matmuls around them: attention's Q K^T -> softmax -> V, an
+    MLP's layers before its softmax): every stage computed one row at a time under one
+    (parallel) row loop, so the row stays in L1 between stages; reductions vectorised by
+    accumulating a vector of partial results (rfactor) summed pairwise, elementwise stages
+    vectorised, matmul-like stages in i-k-j order over a few rows with register accumulators.
 
-    None when the kernel is not of that form (matmul/conv-like blocks, several outputs, a
-    reduction over an outer axis, or a row that would recompute work)."""
+    None when the kernel is not of that form (no row reduction: plain GEMMs and convolutions get
+    register tiles; several outputs, a reduction over an outer axis, or a row that would
+    recompute work)."""
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
