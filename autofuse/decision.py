@@ -36,14 +36,18 @@ def measure_rounds(
     plans: Sequence[FusionPlan],
     rounds: int,
     config: MeasureConfig,
+    between: Callable[[], None] | None = None,
 ) -> Rounds:
     """Measure each distinct plan once per round, the order rotated each round; a plan that
-    fails once is out."""
+    fails once is out. `between` runs before every round but the first (the measurer's restart:
+    each round in a fresh process, so no plan is judged on one process's memory layout)."""
     plans = list({p.key: p for p in plans}.values())
     samples: dict[str, list[float]] = {p.key: [] for p in plans}
     medians: dict[str, list[float]] = {p.key: [] for p in plans}
     last: dict[str, Measurement] = {}
     for r in range(max(1, rounds)):
+        if r and between is not None:
+            between()
         for plan in plans[r % len(plans):] + plans[: r % len(plans)]:
             if plan.key in last and not last[plan.key].ok:
                 continue

@@ -501,7 +501,8 @@ class Tuner:
         rounds = max(1, self.cfg.final_rounds)
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
-        return measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg)
+        return measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg,
+                              between=getattr(self.measurer, "restart", None))
 
     def _known_plans(self) -> list[FusionPlan]:
         plans = {p.key: p for p in self.seeds}

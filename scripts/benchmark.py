@@ -141,7 +141,7 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
     or a slowdown."""
     with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
         res = measure_rounds(lambda p, c: m.measure(p, config=c), list(plans.values()), rounds,
-                             MeasureConfig(repeat=repeat))
+                             MeasureConfig(repeat=repeat), between=m.restart)
     out = {}
     for name, plan in plans.items():
         same = [n for n, p in plans.items() if p.key == plan.key and n != name]

@@ -57,6 +57,28 @@ def test_worker_death_is_a_build_error(measurer, mlp):
     assert measurer.measure(mlp.tvm_default()).ok  # a fresh worker took over
 
 
+def test_rounds_run_in_fresh_workers(mlp):
+    # decision rounds each in their own process: the first round in the worker that was up,
+    # every later one in a new worker, which exits cleanly with nothing left behind
+    from autofuse.decision import measure_rounds
+
+    with IsolatedMeasurer(mlp, config=FAST) as m:
+        pids = []
+
+        def measure(plan, config):
+            r = m.measure(plan, config=config)
+            pids.append(m._worker.process.pid)
+            return r
+
+        rounds = measure_rounds(measure, [mlp.tvm_default(), mlp.unfused()], 3, FAST, between=m.restart)
+        assert len(rounds.good) == 2 and all(len(v) == 3 for v in rounds.per_round.values())
+        assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+        assert len(set(pids)) == 3
+        old = m._worker.process
+        m.restart()
+        assert m._worker is None and old.poll() is not None
+
+
 def test_build_error_classified(mlp):
     with IsolatedMeasurer(mlp, target='{"kind": "no_such_target"}', config=FAST) as m:
         r = m.measure(mlp.unfused())
