@@ -312,6 +312,7 @@ def bench(
     target: TargetOpt = "llvm",
     log_dir: LogDirOpt = Path("tuning_logs"),
     repeat: int = 15,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds, each in a fresh worker process.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
 ) -> None:
     """unfused, tvm_default, autofuse tuned (and onnxruntime) side by side in one run."""
@@ -320,6 +321,7 @@ def bench(
     from autofuse.baselines import time_onnxruntime
     from autofuse.build import cpu_threads
     from autofuse.build import MeasureConfig
+    from autofuse.decision import measure_rounds
     from autofuse.importer import random_inputs
     from autofuse.measure import IsolatedMeasurer
     from autofuse.metrics import plan_metrics
@@ -334,14 +336,20 @@ def bench(
     rows: list[dict[str, Any]] = []
     scheduler = chosen.scheduler or _scheduler(target, None)
     database = str(log_dir / "metaschedule")
-    with IsolatedMeasurer(w, target=target, config=MeasureConfig(repeat=repeat), scheduler=scheduler,
-                          database=database) as m:
-        for label, plan in (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan)):
-            r = m.measure(plan)
-            pm = plan_metrics(w.graph, plan)
-            rows.append({"name": label, "status": r.status, "median_s": r.median_s, "spread": r.spread,
-                         "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error,
-                         "plan": plan.key})
+    plans = (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan))
+    config = MeasureConfig(repeat=max(3, repeat // max(1, rounds)))
+    with IsolatedMeasurer(w, target=target, config=config, scheduler=scheduler, database=database) as m:
+        # the tuner's protocol: rounds interleaved, each in a fresh process (a process's memory
+        # layout alone moved TVM's plan for transformer_block between 38 and 58 us)
+        res = measure_rounds(lambda p, c: m.measure(p, config=c), [p for _, p in plans], rounds, config,
+                             between=m.restart)
+    for label, plan in plans:
+        r = res.good.get(plan.key) or res.failed.get(plan.key)
+        pm = plan_metrics(w.graph, plan)
+        rows.append({"name": label, "status": r.status if r else "runtime_error",
+                     "median_s": r.median_s if r and r.ok else None, "spread": res.noise.get(plan.key),
+                     "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error if r else None,
+                     "plan": plan.key})
     if w.loaded.onnx_model is not None:
         samples = time_onnxruntime(w.loaded.onnx_model, w.inputs, random_inputs(w.inputs), repeat=repeat)
         med, spread = median_and_spread(samples)
@@ -352,7 +360,7 @@ def bench(
         print(json.dumps(result, indent=1))
         return
     table = Table(title=f"{w.name} on {target}, {scheduler} schedules for all TVM rows ({chosen.note})")
-    for col in ("", "latency", "±IQR/2", "vs tvm_default", "kernels", "status"):
+    for col in ("", "latency", "±spread/2", "vs tvm_default", "kernels", "status"):
         table.add_column(col, justify="left" if col in ("", "status") else "right")
     base = next((r["median_s"] for r in rows if r["name"] == "tvm_default"), None)
     for r in rows:

@@ -78,11 +78,11 @@ def test_show_and_bench(tuned):
     model, log_dir, _ = tuned
     result = invoke("show", "--log-dir", log_dir)
     assert result.exit_code == 0 and "best plan" in result.stdout and "kernel time" in result.stdout
-    result = invoke("bench", model, "--log-dir", log_dir, "--repeat", 3, "--json")
+    result = invoke("bench", model, "--log-dir", log_dir, "--repeat", 3, "--rounds", 2, "--json")
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.stdout)["results"]}
     assert set(rows) == {"unfused", "tvm_default", "autofuse", "onnxruntime"}
-    assert all(r["median_s"] > 0 for r in rows.values())
+    assert all(r["median_s"] > 0 and r["spread"] is not None for r in rows.values())
 
 
 def test_apply_falls_back_or_fails_when_strict(model_dir, tmp_path):
