@@ -265,7 +265,7 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three interleaved rounds in "
-        "one process run, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, if larger). The "
+        "one run of this script, each round in a fresh worker process, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, if larger). The "
         "unfused and tvm_default rows use the same kernel schedules as autofuse's plan; where autofuse "
         "kept TVM's grouping ('same plan') the one compiled plan is measured once for both rows.",
         "",
