@@ -513,12 +513,12 @@ def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
     kinds = _reduction_loops(sch, block, loops)
     if len(loops) < 2 or kinds is None:
         return
+    steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]  # reduction loops inside the row
     if partial:  # compute_at made loops in iterator order: the steps go outside the lanes
         blk = sch.get(block)
         lane_var = blk.writes[0].region[-1].min  # rfactor's new axis indexes the partials last
         lane = next(k for k, iv in enumerate(blk.iter_vars) if iv.var.same_as(lane_var))
         driven = _driven(sch, block, loops) or []
-        steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]
         rows = [lp for lp, r, d in zip(loops[1:], kinds[1:], driven[1:]) if not r and lane not in d]
         lanes_loop = [lp for lp, d in zip(loops[1:], driven[1:]) if lane in d]
         sch.reorder(*steps, *rows, *lanes_loop)
@@ -528,7 +528,6 @@ def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
     if not any(kinds):
         _vectorize_inner(sch, block, lanes)
     elif not kinds[0]:  # a matmul-like stage: i-k-j within the row, its output row vectorised
-        steps = [lp for lp, r in zip(loops[1:], kinds[1:]) if r]
         spatial = [lp for lp, r in zip(loops[1:], kinds[1:]) if not r]
         if not spatial:
             return

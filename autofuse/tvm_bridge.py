@@ -85,6 +85,7 @@ def _legalize_float_class(op_name: str):
     its kernel's 6.8 us in BERT. Float comparisons cannot stand in: TVM's simplifier folds
     `x != x` to false. bfloat16 and other types keep TVM's legalization."""
     stock = tvm.ir.Op.get(op_name).get_attr("FLegalize")
+    short = op_name.split(".")[-1]  # isnan | isinf
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         dtype = str(getattr(call.args[0].ty, "dtype", ""))
@@ -94,17 +95,16 @@ def _legalize_float_class(op_name: str):
         from tvm import te
         from tvm import tirx
 
-        inf, mask = _INF_BITS[bits], (1 << (bits - 1)) - 1
         ity = f"int{bits}"
+        inf, mask = tirx.const(_INF_BITS[bits], ity), tirx.const((1 << (bits - 1)) - 1, ity)
 
         def test(x: te.Tensor) -> te.Tensor:
             def element(*i: tirx.Var) -> tirx.PrimExpr:
-                magnitude = tirx.reinterpret(ity, x(*i)) & tirx.const(mask, ity)
-                inf_bits = tirx.const(inf, ity)
-                return magnitude > inf_bits if op_name == "relax.isnan" else magnitude == inf_bits
-            return te.compute(x.shape, element, name=op_name.split(".")[-1])
+                magnitude = tirx.reinterpret(ity, x(*i)) & mask
+                return magnitude > inf if short == "isnan" else magnitude == inf
+            return te.compute(x.shape, element, name=short)
 
-        return bb.call_te(test, call.args[0], primfunc_name_hint=f"tir_{op_name.split('.')[-1]}")
+        return bb.call_te(test, call.args[0], primfunc_name_hint=f"tir_{short}")
 
     return legalize
 

@@ -1,10 +1,14 @@
 """Print a model's op graph summary and measure a few fusion plans side by side.
 
-Plans: unfused, tvm_default (TVM FuseOps' grouping), and TVM's plan plus horizontal fusions,
-plus reduction->broadcast fusions, and plus both. Every plan is built and timed in the isolated
-worker and checked against the unfused reference.
+Plans: unfused, tvm_default (TVM FuseOps' grouping), the seed plans the tuner starts from
+(SearchSpace.plus_kinds: TVM's plan plus every horizontal, every reduction->broadcast, every
+merge of two anchored groups, and every fusion), and TVM's plan plus the decisions given with
+--plus. Every plan is built and timed in the isolated worker and checked against the unfused
+reference. With --kernels, each kernel is also timed alone: TVM's plan's N slowest, and for every
+other plan the kernels it has that TVM's plan has not.
 
     python scripts/plan_report.py [MODEL] [--input name:1x3x224x224] [--target llvm] [--kernels N]
+                                  [--plus v:24-25,v:27-29]
 
 MODEL is an ONNX or TVMScript file, or the name of a built-in model (default:
 transformer_block).
@@ -39,7 +43,9 @@ def main() -> None:
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
-                    help="also time each kernel of TVM's plan alone and list the N slowest")
+                    help="also time each kernel alone: TVM's plan's N slowest, and every other plan's own")
+    ap.add_argument("--plus", action="append", default=[], metavar="IDS",
+                    help="also measure TVM's plan with these decisions taken (comma list of ids, e.g. v:24-25)")
     args = ap.parse_args()
     console = Console(width=120)
     source = Path(args.model)
@@ -64,9 +70,18 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("plan", "status") else "right")
     build_only = args.target.startswith("cuda")
     config = MeasureConfig(repeat=args.repeat)
+    base = w.tvm_default()
+    plans = candidate_plans(space, base)
+    for ids in args.plus:
+        unknown = [i for i in ids.split(",") if i not in space.by_id]
+        if unknown:
+            ap.error(f"no such decision(s) {unknown}; e.g. {space.decisions[0].id}")
+        plans.append(space.decode({**space.encode(base), **dict.fromkeys(ids.split(","), True)}, f"{base.name}+{ids}"))
+    timed = {}
     with IsolatedMeasurer(w, target=args.target, config=config, build_only=build_only) as m:
-        for plan in candidate_plans(space, w.tvm_default()):
-            r = m.measure(plan)
+        for plan in plans:
+            r = m.measure(plan, time_groups=bool(args.kernels) and not build_only)
+            timed[plan.name] = (plan, r)
             pm = plan_metrics(w.graph, plan)
             table.add_row(
                 plan.name,
@@ -80,20 +95,25 @@ def main() -> None:
             )
     console.print(table)
     if args.kernels and not build_only:
-        with IsolatedMeasurer(w, target=args.target, config=config) as m:
-            _print_kernels(console, w, m.measure(w.tvm_default(), time_groups=True), args.kernels)
+        _print_kernels(console, w, *timed[base.name], args.kernels, "kernels alone", ())
+        for name, (plan, r) in timed.items():
+            if name not in ("unfused", base.name):
+                _print_kernels(console, w, plan, r, len(plan.groups), "kernels not in tvm_default", base.groups)
 
 
-def _print_kernels(console, w, m, n):
-    """TVM's plan kernel by kernel: where its time goes (each kernel alone, on random buffers)."""
+def _print_kernels(console, w, plan, m, n, title, skip):
+    """A plan kernel by kernel (each kernel alone, on random buffers), slowest first; groups in
+    `skip` are left out."""
     rows = {}
-    for group, key in zip(w.tvm_default().groups, m.kernels):
-        if key in m.kernel_latencies_s:
+    for group, key in zip(plan.groups, m.kernels or ()):
+        if group not in skip and key in m.kernel_latencies_s:
             ops = "+".join(w.graph.nodes[i].op for i in group)
             calls, _ = rows.get(key, (0, ops))
             rows[key] = (calls + 1, ops)
+    if not rows:
+        return
     total = sum(m.kernel_latencies_s[k] * c for k, (c, _) in rows.items())
-    console.print(f"tvm_default kernels alone: {total * 1e6:.1f} us in all; slowest:")
+    console.print(f"{plan.name} {title}: {total * 1e6:.1f} us in all; slowest:")
     for key, (calls, ops) in sorted(rows.items(), key=lambda kv: -m.kernel_latencies_s[kv[0]] * kv[1][0])[:n]:
         console.print(f"  {m.kernel_latencies_s[key] * 1e6:8.1f} us x{calls}  {ops[:90]}")
 
