@@ -312,7 +312,7 @@ def bench(
     target: TargetOpt = "llvm",
     log_dir: LogDirOpt = Path("tuning_logs"),
     repeat: int = 15,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds, each in a fresh worker process.")] = 3,
+    rounds: Annotated[int, typer.Option(help="Rounds, each in a fresh worker process, plans timed in turns.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
 ) -> None:
     """unfused, tvm_default, autofuse tuned (and onnxruntime) side by side in one run."""
@@ -339,10 +339,10 @@ def bench(
     plans = (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan))
     config = MeasureConfig(repeat=max(3, repeat // max(1, rounds)))
     with IsolatedMeasurer(w, target=target, config=config, scheduler=scheduler, database=database) as m:
-        # the tuner's protocol: rounds interleaved, each in a fresh process (a process's memory
-        # layout alone moved TVM's plan for transformer_block between 38 and 58 us)
-        res = measure_rounds(lambda p, c: m.measure(p, config=c), [p for _, p in plans], rounds, config,
-                             between=m.restart)
+        # the tuner's protocol: rounds each in a fresh process (a process's memory layout alone
+        # moved TVM's plan for transformer_block between 38 and 58 us), the plans timed in turns
+        res = measure_rounds(lambda ps, c: m.measure_together(ps, config=c), [p for _, p in plans], rounds,
+                             config, between=m.restart)
     for label, plan in plans:
         r = res.good.get(plan.key) or res.failed.get(plan.key)
         pm = plan_metrics(w.graph, plan)

@@ -1,9 +1,10 @@
 """The final decision: finalists re-measured side by side, and TVM's plan kept unless clearly beaten.
 
 One protocol for every side-by-side comparison (the tuner's finalists, a remote batch's results,
-the benchmark's rows): interleaved rounds with the order rotated, samples pooled per plan, and
-each plan's noise taken as the spread of its per-round medians, the drift between runs that one
-measurement's own spread does not show.
+the benchmark's rows): rounds, each in a fresh process, in which the plans are timed in turns,
+sample by sample, the order rotated; samples pooled per plan, and each plan's noise taken as
+the spread of its per-round medians, the drift between runs that one measurement's own spread
+does not show.
 """
 
 from __future__ import annotations
@@ -31,16 +32,25 @@ class Rounds:
     per_round: dict[str, list[float]]  # each good plan's median in each round, in round order
 
 
+MeasureMany = Callable[[list[FusionPlan], MeasureConfig], list[Measurement]]
+
+
+def one_by_one(measure: Callable[[FusionPlan, MeasureConfig], Measurement]) -> MeasureMany:
+    """A MeasureMany from a one-plan measurer (plans timed one after the other, not in turns)."""
+    return lambda plans, config: [measure(p, config) for p in plans]
+
+
 def measure_rounds(
-    measure: Callable[[FusionPlan, MeasureConfig], Measurement],
+    measure_many: MeasureMany,
     plans: Sequence[FusionPlan],
     rounds: int,
     config: MeasureConfig,
     between: Callable[[], None] | None = None,
 ) -> Rounds:
-    """Measure each distinct plan once per round, the order rotated each round; a plan that
-    fails once is out. `between` runs before every round but the first (the measurer's restart:
-    each round in a fresh process, so no plan is judged on one process's memory layout)."""
+    """Measure the distinct plans together once per round (IsolatedMeasurer.measure_together:
+    timed in turns, sample by sample), the order rotated each round; a plan that fails once is
+    out. `between` runs before every round but the first (the measurer's restart: each round in
+    a fresh process, so no plan is judged on one process's memory layout)."""
     plans = list({p.key: p for p in plans}.values())
     samples: dict[str, list[float]] = {p.key: [] for p in plans}
     medians: dict[str, list[float]] = {p.key: [] for p in plans}
@@ -48,10 +58,9 @@ def measure_rounds(
     for r in range(max(1, rounds)):
         if r and between is not None:
             between()
-        for plan in plans[r % len(plans):] + plans[: r % len(plans)]:
-            if plan.key in last and not last[plan.key].ok:
-                continue
-            m = measure(plan, config)
+        turn = [p for p in plans[r % len(plans):] + plans[: r % len(plans)]
+                if p.key not in last or last[p.key].ok]
+        for plan, m in zip(turn, measure_many(turn, config)):
             last[plan.key] = m
             if m.ok:
                 samples[plan.key].extend(m.latencies_s)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection
+from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
@@ -139,15 +140,55 @@ class IsolatedMeasurer:
                                          time_groups=time_groups, known_kernels=sorted(known_kernels))
         except IllegalPlanError as err:
             return Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
-        result = self._exchange(request, config.timeout_s)
+        return self._measurement(plan, self._exchange(request, config.timeout_s), time.perf_counter() - start)
+
+    @staticmethod
+    def _measurement(plan: FusionPlan, result: dict[str, Any], wall_s: float) -> Measurement:
         return Measurement(
             plan.key,
             result.pop("status"),
             latencies_s=tuple(result.pop("latencies_s", ())),
             kernels=tuple(result.pop("kernels", ())),
-            wall_s=time.perf_counter() - start,
+            wall_s=wall_s,
             **{k: v for k, v in result.items() if k in Measurement.__dataclass_fields__},
         )
+
+    def measure_together(
+        self,
+        plans: Sequence[FusionPlan],
+        config: MeasureConfig | None = None,
+        scheduler: str | None = None,
+    ) -> list[Measurement]:
+        """Build and check `plans` in one worker, then time them in turns, sample by sample
+        (build.time_interleaved): the way to compare plans on a shared, noisy host. One
+        Measurement per plan, in order. If the worker dies or times out on the batch, each plan
+        is measured alone instead, so one bad plan fails alone."""
+        start = time.perf_counter()
+        config = config or self.config
+        out: list[Measurement | None] = [None] * len(plans)
+        todo: list[int] = []
+        requests: list[dict[str, Any]] = []
+        for i, plan in enumerate(plans):
+            try:
+                requests.append(self._plan_request(plan, config, scheduler))
+                todo.append(i)
+            except IllegalPlanError as err:
+                out[i] = Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
+        if self.build_only or len(todo) < 2:
+            for i in todo:
+                out[i] = self.measure(plans[i], config, scheduler=scheduler)
+            return [m for m in out if m is not None]
+        request = {**requests[0], "op": "together", "plans": [r["groups"] for r in requests]}
+        del request["groups"]
+        result = self._exchange(request, config.timeout_s * len(todo))
+        if result.get("status") != "ok":  # the worker died or hung on one of them
+            for i in todo:
+                out[i] = self.measure(plans[i], config, scheduler=scheduler)
+            return [m for m in out if m is not None]
+        wall = (time.perf_counter() - start) / len(todo)  # each plan's share
+        for i, res in zip(todo, result["results"]):
+            out[i] = self._measurement(plans[i], dict(res), wall)
+        return [m for m in out if m is not None]
 
     def export(self, plan: FusionPlan, library: str, scheduler: str | None = None) -> dict[str, Any]:
         """Build `plan` and export its library to `library` (in the worker) for another machine to

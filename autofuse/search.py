@@ -239,6 +239,32 @@ class Tuner:
             )
         else:
             m = self.measurer.measure(plan, config=config, scheduler=scheduler)
+        return self._note(plan, m, role, trial, predicted, config, scheduler)
+
+    def measure_many(
+        self, plans: list[FusionPlan], role: str, config: MeasureConfig, scheduler: str | None = None
+    ) -> list[Measurement]:
+        """Measure and log several plans timed in turns (the measurer's measure_together), or one
+        after the other where the measurer cannot."""
+        together = getattr(self.measurer, "measure_together", None)
+        if together is None:
+            return [self.measure(p, role, config=config, scheduler=scheduler) for p in plans]
+        scheduler = scheduler or self.scheduler
+        ms = together(plans, config=config, scheduler=scheduler)
+        return [self._note(p, m, role, None, None, config, scheduler) for p, m in zip(plans, ms)]
+
+    def _note(
+        self,
+        plan: FusionPlan,
+        m: Measurement,
+        role: str,
+        trial: int | None,
+        predicted: float | None,
+        config: MeasureConfig | None,
+        scheduler: str,
+    ) -> Measurement:
+        """Log a measurement and learn from it."""
+        own = scheduler == self.scheduler
         self.counts["measured"] += 1
         rec = self._record(plan, m, role, trial, predicted, config, scheduler)
         self.log.append(rec)
@@ -497,11 +523,11 @@ class Tuner:
         return res
 
     def _measure_rounds(self, plans: list[FusionPlan], scheduler: str) -> Rounds:
-        """The finalists in interleaved rounds (decision.measure_rounds), each measurement logged."""
+        """The finalists in rounds, timed in turns (decision.measure_rounds), each measurement logged."""
         rounds = max(1, self.cfg.final_rounds)
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
-        return measure_rounds(lambda p, c: self.measure(p, "finalist", config=c, scheduler=scheduler), plans, rounds, cfg,
+        return measure_rounds(lambda ps, c: self.measure_many(ps, "finalist", c, scheduler), plans, rounds, cfg,
                               between=getattr(self.measurer, "restart", None))
 
     def _known_plans(self) -> list[FusionPlan]:

@@ -88,7 +88,28 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         return _tune_kernels(session, req, conn)
     if req.get("op") == "reference":
         return _write_reference(session, req)
-    cfg = build.MeasureConfig(**req["config"])
+    if req.get("op") == "together":
+        return _measure_together(session, req, conn)
+    out, built = _build_and_check(session, req, conn)
+    if built is None:
+        return out
+    ex, dev, scheduled, kernels, target = built
+    try:
+        out["latencies_s"] = build.time_latency(ex, dev, session.feeds, build.MeasureConfig(**req["config"]))
+    except Exception as err:
+        out.update(status="runtime_error", error=_short(err))
+        return out
+    if req.get("time_groups"):
+        out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
+    return out
+
+
+def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -> tuple[dict[str, Any], Any]:
+    """Build one plan and check its outputs against the unfused model. Returns (result, None)
+    when there is nothing to time (a failure, a build-only target, an export), else (result,
+    (executable, device, scheduled module, kernel names, target))."""
+    from autofuse import build
+
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
     try:
@@ -96,14 +117,14 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
             req["groups"], req["target"], req.get("scheduler"), req.get("database")
         )
     except Exception as err:
-        return {"status": "build_error", "error": _short(err)}
+        return {"status": "build_error", "error": _short(err)}, None
     out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
     out["kernels"] = [build.kernel_hash(fused, k) for k in kernels]
     if target.kind.name == "cuda":
         over = _gpu_resources(ex, target, kernels, out, req.get("resource_limits"))
         if over:
             out.update(status="over_limit", rule="resources", error="; ".join(over[:3]))
-            return out
+            return out, None
     if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
         ex.export_library(req["export_to"])
         out["kernel_params"] = {
@@ -113,7 +134,7 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         out["kernel_names"] = dict(zip(out["kernels"], kernels))
     if req.get("build_only") or req.get("export_to"):
         out["status"] = "built"
-        return out
+        return out, None
     conn.send(("stage", "run"))
     dev = build.device_for(target)
     try:
@@ -123,14 +144,37 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         out["max_abs_err"] = worst
         if not ok:
             out.update(status="wrong_result", error=f"max abs diff {worst:.3g} vs unfused")
-            return out
-        out["latencies_s"] = build.time_latency(ex, dev, session.feeds, cfg)
+            return out, None
     except Exception as err:
         out.update(status="runtime_error", error=_short(err))
-        return out
-    if req.get("time_groups"):
-        out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
-    return out
+        return out, None
+    return out, (ex, dev, scheduled, kernels, target)
+
+
+def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
+    """Build and check several plans, then time those that ran correctly in turns
+    (build.time_interleaved): the k-th samples of all plans are neighbours in time. Returns
+    {"status": "ok", "results": one result per plan, in request order}."""
+    from autofuse import build
+
+    results, timed = [], []
+    for groups in req["plans"]:
+        out, built = _build_and_check(session, {**req, "groups": groups}, conn)
+        results.append(out)
+        if built is not None:
+            timed.append((out, built[0], built[1]))
+    if timed:
+        conn.send(("stage", "run"))
+        try:
+            samples = build.time_interleaved([ex for _, ex, _ in timed], timed[0][2], session.feeds,
+                                             build.MeasureConfig(**req["config"]))
+        except Exception as err:
+            for out, _, _ in timed:
+                out.update(status="runtime_error", error=_short(err))
+        else:
+            for (out, _, _), lat in zip(timed, samples):
+                out["latencies_s"] = lat
+    return {"status": "ok", "results": results}
 
 
 def _time_new_kernels(

@@ -133,14 +133,14 @@ def machine_limits() -> dict[str, float]:
 
 
 def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int) -> dict[str, Any]:
-    """The tuner's protocol (decision.measure_rounds): interleaved rounds, pooled median per plan,
-    noise as the spread of per-round medians.
+    """The tuner's protocol (decision.measure_rounds): rounds in fresh processes, the plans timed
+    in turns sample by sample, pooled median per plan, noise as the spread of per-round medians.
 
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
     or a slowdown."""
     with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
-        res = measure_rounds(lambda p, c: m.measure(p, config=c), list(plans.values()), rounds,
+        res = measure_rounds(lambda ps, c: m.measure_together(ps, config=c), list(plans.values()), rounds,
                              MeasureConfig(repeat=repeat), between=m.restart)
     out = {}
     for name, plan in plans.items():

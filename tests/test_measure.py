@@ -65,14 +65,14 @@ def test_rounds_run_in_fresh_workers(mlp):
     with IsolatedMeasurer(mlp, config=FAST) as m:
         pids = []
 
-        def measure(plan, config):
-            r = m.measure(plan, config=config)
+        def measure_many(plans, config):
+            ms = m.measure_together(plans, config=config)
             pids.append(m._worker.process.pid)
-            return r
+            return ms
 
-        rounds = measure_rounds(measure, [mlp.tvm_default(), mlp.unfused()], 3, FAST, between=m.restart)
+        rounds = measure_rounds(measure_many, [mlp.tvm_default(), mlp.unfused()], 3, FAST, between=m.restart)
         assert len(rounds.good) == 2 and all(len(v) == 3 for v in rounds.per_round.values())
-        assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+        assert all(len(m.latencies_s) == 3 * FAST.repeat for m in rounds.good.values())
         assert len(set(pids)) == 3
         old = m._worker.process
         m.restart()
@@ -143,3 +143,43 @@ def test_plan_metrics(small):
     assert m.kernels == 5 and m.fusion_ratio == pytest.approx(4 / 8)
     assert m.bytes_saved == 128 + 128 + 16
     assert plan_metrics(g, small.unfused()).bytes_saved == 0
+
+
+def test_measure_together_times_plans_in_one_worker(mlp):
+    with IsolatedMeasurer(mlp, config=FAST) as m:
+        ms = m.measure_together([mlp.tvm_default(), mlp.unfused()])
+        pid = m._worker.process.pid
+        assert [x.plan_key for x in ms] == [mlp.tvm_default().key, mlp.unfused().key]
+        assert all(x.ok and len(x.latencies_s) == FAST.repeat and x.kernels for x in ms)
+        # the unfused plan has more kernels than TVM's
+        assert len(ms[1].kernels) > len(ms[0].kernels)
+        assert m.measure(mlp.unfused()).ok and m._worker.process.pid == pid
+
+
+def test_measure_together_fails_plans_alone(mlp):
+    # a plan that does not build is its own build_error; the others are still timed in turns
+    session = _session(mlp)
+    good = [list(g) for g in mlp.tvm_default().groups]
+    req = {**_request(mlp.tvm_default()), "op": "together", "plans": [good, [[0]], good]}
+    out = worker.handle(session, req, _Conn())
+    statuses = [r["status"] for r in out["results"]]
+    assert statuses == ["ok", "build_error", "ok"]
+    assert len(out["results"][0]["latencies_s"]) == FAST.repeat == len(out["results"][2]["latencies_s"])
+
+
+def test_measure_together_falls_back_to_one_by_one(mlp, monkeypatch):
+    # the worker dying (or hanging) on the batch costs the batch, not the plans: each is then
+    # measured alone
+    with IsolatedMeasurer(mlp, config=FAST) as m:
+        real = m._exchange
+        sent = []
+
+        def exchange(request, timeout_s):
+            sent.append(request.get("op"))
+            if request.get("op") == "together":
+                return {"status": "runtime_error", "error": "worker process died during run"}
+            return real(request, timeout_s)
+
+        monkeypatch.setattr(m, "_exchange", exchange)
+        ms = m.measure_together([mlp.tvm_default(), mlp.unfused()])
+        assert sent == ["together", None, None] and all(x.ok for x in ms)
