@@ -124,16 +124,25 @@ class SearchSpace:
     def plus_kinds(self, base: FusionPlan) -> list[FusionPlan]:
         """`base` with every horizontal, every reduction -> broadcast, every producer-consumer
         merge of two of its groups that both hold an anchor (attention's matmul -> softmax ->
-        matmul, which rule-based fusion never builds), and every decision taken: the first plans
-        an engineer would try beside a rule-based plan (those equal to `base` are left out)."""
+        matmul, which rule-based fusion never builds), every merge of an anchored group into a
+        consumer group of elementwise/injective ops (TVM's FuseOps stops a matmul's epilogue at
+        the first reshape: BERT's GELU after its FFN matmul), those two together, and every
+        decision taken: the first plans an engineer would try beside a rule-based plan (those
+        equal to `base` are left out)."""
         params = self.encode(base)
         group_of = base.group_of()
-        anchored = {i for i, g in enumerate(base.groups) if any(self.graph.nodes[n].is_anchor for n in g)}
+        nodes = self.graph.nodes
+        anchored = {i for i, g in enumerate(base.groups) if any(nodes[n].is_anchor for n in g)}
+        plain = {i for i, g in enumerate(base.groups) if not any(nodes[n].is_anchor or nodes[n].is_reduction for n in g)}
+        vertical = [d for d in self.decisions if d.kind != "horizontal"]
+        anchors = {d.id for d in vertical if {group_of[d.a], group_of[d.b]} <= anchored}
+        epilogues = {d.id for d in vertical if group_of[d.a] in anchored and group_of[d.b] in plain}
         chosen = {
             f"{base.name}+horizontal": {d.id for d in self.decisions if d.kind == "horizontal"},
             f"{base.name}+reduction": {d.id for d in self.decisions if d.kind == "reduction"},
-            f"{base.name}+anchors": {d.id for d in self.decisions if d.kind != "horizontal"
-                                     and {group_of[d.a], group_of[d.b]} <= anchored},
+            f"{base.name}+anchors": anchors,
+            f"{base.name}+epilogues": epilogues,
+            f"{base.name}+anchors+epilogues": anchors | epilogues,
             "all_fused": {d.id for d in self.decisions},
         }
         plans = {}

@@ -191,6 +191,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     scheduler = result.summary.get("scheduler", "rules")
     plans = {"unfused": w.unfused(), "tvm_default": w.tvm_default(), "autofuse": result.best}
     rows = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
+    glue = glue_share(w, scheduler, database)
     feeds = random_inputs(w.inputs)
     ort_med, ort_spread = median_and_spread(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=args.repeat))
     rows["onnxruntime"] = {"median_s": ort_med, "noise": ort_spread, "status": "ok"}
@@ -229,7 +230,27 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "min_bytes": weights + io,
         "cost_model": result.summary["cost_model"],
         "cheap_vs_tuned_tau": result.summary.get("cheap_vs_tuned_tau"),
+        "glue_share": glue,
     }
+
+
+def glue_share(w: Any, scheduler: str, database: str) -> float | None:
+    """The share of TVM's plan's kernel time (each kernel timed alone) spent in kernels with no
+    matmul or convolution: the glue that fusion removes or hides. A GEMM already near the
+    machine's peak gets no faster by fusion, so where glue is a few percent, no plan can be
+    much faster than TVM's."""
+    plan = w.tvm_default()
+    with IsolatedMeasurer(w, config=MeasureConfig(repeat=5), scheduler=scheduler, database=database) as m:
+        r = m.measure(plan, time_groups=True)
+    if not r.ok or len(r.kernels) != len(plan.groups):
+        return None
+    total = glue = 0.0
+    for group, key in zip(plan.groups, r.kernels):
+        t = r.kernel_latencies_s.get(key, 0.0)
+        total += t
+        if not any(w.graph.nodes[n].is_anchor for n in group):
+            glue += t
+    return glue / total if total else None
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -256,6 +277,9 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         tuned = r["results"]["autofuse"]["median_s"]
         return f"{roofline_s(r, limits) / tuned:.0%}" if tuned else "-"
 
+    def pct(x: float | None) -> str:
+        return f"{x:.0%}" if x is not None else "-"
+
     def same(r: dict[str, Any]) -> str:
         return " (same plan)" if "tvm_default" in r["results"]["autofuse"].get("same_plan_as", ()) else ""
 
@@ -264,15 +288,18 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
-        f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three interleaved rounds in "
-        "one run of this script, each round in a fresh worker process, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, if larger). The "
+        f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three rounds in one run of "
+        "this script, each round in a fresh worker process in which the plans are timed in turns, sample by "
+        "sample, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, "
+        "if larger). 'glue' is the share of TVM's plan's kernel time (kernels timed alone) in kernels with no "
+        "matmul or convolution: what fusion can remove or hide. The "
         "unfused and tvm_default rows use the same kernel schedules as autofuse's plan; where autofuse "
         "kept TVM's grouping ('same plan') the one compiled plan is measured once for both rows.",
         "",
         "| model | ops | tvm stock us | unfused us | tvm_default us | autofuse us | onnxruntime us | torch eager us "
         "| torch.compile us | vs tvm stock | vs tvm_default | vs onnxruntime | kernels (tvm/autofuse) | fusion ratio "
-        "| KiB kept | tuning s | peak MB | trials to 2% | roofline |",
-        "|" + "---|" * 19,
+        "| KiB kept | tuning s | peak MB | trials to 2% | roofline | glue |",
+        "|" + "---|" * 20,
     ]
     for r in results:
         res = r["results"]
@@ -286,11 +313,12 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
             f"| {r['metrics']['tvm_default']['kernels']}/{r['metrics']['autofuse']['kernels']} "
             f"| {r['metrics']['autofuse']['fusion_ratio']:.2f} | {r['metrics']['autofuse']['bytes_saved'] / 1024:,.0f} "
             f"| {r['tuning_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['trials_to_2pct'] or '-'} "
-            f"| {roofline(r)} |"
+            f"| {roofline(r)} | {pct(r.get('glue_share'))} |"
         )
     g_tvm = geomean([ratio(r, "tvm_default", "autofuse") for r in results])
     g_ort = geomean([ratio(r, "onnxruntime", "autofuse") for r in results])
     g_stock = geomean([ratio(r, "tvm_stock", "autofuse") for r in results])
+    g_bound = geomean([1 / (1 - r["glue_share"]) for r in results if r.get("glue_share") is not None])
     def beyond_noise(r: dict[str, Any]) -> bool:  # slower by more than both rows' round-to-round noise
         res = r["results"]
         noise = max(res["autofuse"].get("noise") or 0, res["tvm_default"].get("noise") or 0)
@@ -306,6 +334,10 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"within 1.5x, i.e. ≥ 0.67x, on every model); models beyond 1.5x: {', '.join(far) or 'none'}.",
         "",
         f"Geometric mean speedup over TVM's stock pipeline (tvm.compile, no schedules): **{fx(g_stock)}**.",
+        "",
+        f"If every glue kernel of TVM's plan took no time and every matmul/conv kernel stayed as it is, TVM's "
+        f"plan would be {fx(g_bound)} faster (geometric mean of 1 / (1 - glue)): the most fusion can gain "
+        "over these models without also making their matmuls and convolutions faster.",
         "",
         "Decisions: " + "; ".join(f"{r['model']}: {r['decision']}" for r in results),
         "",

@@ -75,3 +75,26 @@ def test_any_parameter_vector_decodes_to_a_legal_plan(transformer, data):
     # a decision not taken never joins two groups on its own: re-encoding only adds decisions
     # implied by the groups, so decoding the encoding gives the same plan
     assert space.decode(space.encode(plan)) == plan
+
+
+def test_plus_kinds_seeds_on_transformer(transformer):
+    # the engineer's first tries beside TVM's plan: each a union of TVM's groups, legal, and
+    # +epilogues only moves elementwise/injective groups into an anchored group
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    plans = {p.name: p for p in space.plus_kinds(base)}
+    assert {"tvm_default+epilogues", "all_fused"} <= set(plans)
+    base_of = base.group_of()
+    nodes = transformer.graph.nodes
+    for plan in plans.values():
+        validate(transformer.graph, plan, space.limits)
+        for group in plan.groups:
+            assert set(group) == {m for n in group for m in base.groups[base_of[n]]}
+    grown = [g for g in plans["tvm_default+epilogues"].groups if g not in base.groups]
+    assert grown
+    for group in grown:
+        parts = {base_of[n] for n in group}
+        anchored = [b for b in parts if any(nodes[n].is_anchor for n in base.groups[b])]
+        assert len(anchored) == 1
+        rest = [n for b in parts - set(anchored) for n in base.groups[b]]
+        assert rest and not any(nodes[n].is_anchor or nodes[n].is_reduction for n in rest)
