@@ -349,7 +349,7 @@ def bench(
         rows.append({"name": label, "status": r.status if r else "runtime_error",
                      "median_s": r.median_s if r and r.ok else None, "spread": res.noise.get(plan.key),
                      "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error if r else None,
-                     "plan": plan.key})
+                     "plan": plan.key, "vs_tvm_default": res.speedup(w.tvm_default().key, plan.key)})
     if w.loaded.onnx_model is not None:
         samples = time_onnxruntime(w.loaded.onnx_model, w.inputs, random_inputs(w.inputs), repeat=repeat)
         med, spread = median_and_spread(samples)
@@ -364,7 +364,8 @@ def bench(
         table.add_column(col, justify="left" if col in ("", "status") else "right")
     base = next((r["median_s"] for r in rows if r["name"] == "tvm_default"), None)
     for r in rows:
-        ratio = f"{base / r['median_s']:.3f}x" if base and r["median_s"] else "-"
+        speedup = r.get("vs_tvm_default") or (base / r["median_s"] if base and r["median_s"] else None)
+        ratio = f"{speedup:.3f}x" if speedup else "-"
         noise = f"{r['spread'] * 50:.1f}%" if r.get("spread") is not None else "-"
         table.add_row(r["name"], _fmt_us(r["median_s"]), noise, ratio, str(r.get("kernels", "-")),
                       r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}")

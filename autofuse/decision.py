@@ -31,6 +31,17 @@ class Rounds:
     config: MeasureConfig
     per_round: dict[str, list[float]]  # each good plan's median in each round, in round order
 
+    def speedup(self, base: str, other: str) -> float | None:
+        """How many times faster `other` ran than `base`: the median, over their paired samples
+        (the k-th sample of each in a round, timed back to back), of base / other. Pairing
+        cancels the slow spells of a shared host that one plan's pooled median does not
+        (GPT-2's two plans: pooled medians 8% apart one way with 30% noise, paired 5% the
+        other way in every round). None unless both ran every round."""
+        a, b = self.good.get(base), self.good.get(other)
+        if a is None or b is None or len(a.latencies_s) != len(b.latencies_s) or not a.latencies_s:
+            return None
+        return statistics.median(x / y for x, y in zip(a.latencies_s, b.latencies_s) if y > 0)
+
 
 MeasureMany = Callable[[list[FusionPlan], MeasureConfig], list[Measurement]]
 

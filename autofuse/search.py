@@ -477,7 +477,8 @@ class Tuner:
             return self._finalize_tuned(finalists, good, default, plans)
         winner, reason = self._decide(final, default, plans)
         self.log.append(self._record(winner, good[winner.key], "best", None, None, final.config))
-        return self._result(winner, good[winner.key], default, reason, good.get(default.key))
+        return self._result(winner, good[winner.key], default, reason, good.get(default.key),
+                            final.speedup(default.key, winner.key))
 
     def _fastest(self, n: int) -> list[str]:
         ok = [(k, m.median_s) for k, m in self.measured.items() if m.ok and m.median_s]
@@ -515,7 +516,8 @@ class Tuner:
         self.log.append(self._record(winner, good[winner.key], "best", None, None, final.config, "metaschedule"))
         both = [k for k in good if k in cheap]
         self.rank_agreement = kendall_tau([cheap[k].median_s or 0.0 for k in both], [good[k].median_s or 0.0 for k in both])
-        res = self._result(winner, good[winner.key], default, f"{reason}, MetaSchedule-tuned kernels", good.get(default.key))
+        res = self._result(winner, good[winner.key], default, f"{reason}, MetaSchedule-tuned kernels", good.get(default.key),
+                           final.speedup(default.key, winner.key))
         res.summary["scheduler"] = "metaschedule"
         res.summary["cheap_vs_tuned_tau"] = self.rank_agreement
         res.summary["cheap_schedule_latency_s"] = {k: cheap[k].median_s for k in both}
@@ -547,8 +549,16 @@ class Tuner:
         return self._result(plans.get(key, default), m, default, "search only (no final decision)", self.measured.get(default.key))
 
     def _result(
-        self, best: FusionPlan, m: Measurement, default: FusionPlan, reason: str, dm: Measurement | None
+        self,
+        best: FusionPlan,
+        m: Measurement,
+        default: FusionPlan,
+        reason: str,
+        dm: Measurement | None,
+        paired: float | None = None,
     ) -> TuneResult:
+        """The run's result; `paired` is the winner's speedup over tvm_default paired over their
+        samples timed in turns (decision.Rounds.speedup), which replaces the ratio of medians."""
         unfused = self.measured.get(self.w.unfused().key)
         tau = kendall_tau([p for p, _ in self.predictions], [q for _, q in self.predictions])
         res = TuneResult(
@@ -568,6 +578,8 @@ class Tuner:
         )
         sum_error = sum_of_groups_error(self.model, self.overhead_pairs)
         res.summary = summarize(self.w, res, self.model, len(self.predictions), sum_error)
+        if paired:
+            res.summary["speedup_vs_tvm_default"] = paired
         self.model.save(self.log.dir / f"cost_model-{self.target.replace(':', '_')}-{self.scheduler}.json")
         return res
 
