@@ -158,11 +158,13 @@ class IsolatedMeasurer:
         plans: Sequence[FusionPlan],
         config: MeasureConfig | None = None,
         scheduler: str | None = None,
+        time_groups: bool = False,
     ) -> list[Measurement]:
         """Build and check `plans` in one worker, then time them in turns, sample by sample
         (build.time_interleaved): the way to compare plans on a shared, noisy host. One
-        Measurement per plan, in order. If the worker dies or times out on the batch, each plan
-        is measured alone instead, so one bad plan fails alone."""
+        Measurement per plan, in order; `time_groups` also times each plan's kernels alone, after.
+        If the worker dies or times out on the batch, each plan is measured alone instead, so
+        one bad plan fails alone."""
         start = time.perf_counter()
         config = config or self.config
         out: list[Measurement | None] = [None] * len(plans)
@@ -170,20 +172,20 @@ class IsolatedMeasurer:
         requests: list[dict[str, Any]] = []
         for i, plan in enumerate(plans):
             try:
-                requests.append(self._plan_request(plan, config, scheduler))
+                requests.append(self._plan_request(plan, config, scheduler, time_groups=time_groups))
                 todo.append(i)
             except IllegalPlanError as err:
                 out[i] = Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
         if self.build_only or len(todo) < 2:
             for i in todo:
-                out[i] = self.measure(plans[i], config, scheduler=scheduler)
+                out[i] = self.measure(plans[i], config, time_groups, scheduler=scheduler)
             return [m for m in out if m is not None]
         request = {**requests[0], "op": "together", "plans": [r["groups"] for r in requests]}
         del request["groups"]
         result = self._exchange(request, config.timeout_s * len(todo))
         if result.get("status") != "ok":  # the worker died or hung on one of them
             for i in todo:
-                out[i] = self.measure(plans[i], config, scheduler=scheduler)
+                out[i] = self.measure(plans[i], config, time_groups, scheduler=scheduler)
             return [m for m in out if m is not None]
         wall = (time.perf_counter() - start) / len(todo)  # each plan's share
         for i, res in zip(todo, result["results"]):

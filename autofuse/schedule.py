@@ -461,6 +461,13 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
                 _, lane = sch.split(sch.get_loops(b)[-1], [2, width])
                 partials.append(sch.rfactor(lane, axis))
     blocks = sch.get_child_blocks(root)
+    # copies at the end (a reshape of a layer norm that is also an output of the kernel) stay
+    # loop nests of their own: their index arithmetic ((j // 128 + i) % 32) hides from
+    # compute_at that a row needs one row, and every stage would cover all rows (3.6 us
+    # against 0.4 us for BERT's layer norm followed by its reshape)
+    tail = []
+    while len(blocks) > 1 and _is_copy(sch, blocks[-1]):
+        tail.insert(0, blocks.pop())
     sink = blocks[-1]
     if any(not sch.get_consumers(b) for b in blocks[:-1]):
         return None
@@ -488,8 +495,12 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
         return None
     if work >= ROW_PARALLEL_WORK and (_extent(trial, row) or 2) > 1:
         trial.parallel(row)
+    tail_names = {trial.get(b).name_hint for b in tail}
     for b in trial.get_child_blocks(root):
-        _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials))
+        if trial.get(b).name_hint in tail_names:
+            _vectorize_inner(trial, b, lanes)
+        else:
+            _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials))
     return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 

@@ -162,18 +162,20 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
         out, built = _build_and_check(session, {**req, "groups": groups}, conn)
         results.append(out)
         if built is not None:
-            timed.append((out, built[0], built[1]))
+            timed.append((out, built))
     if timed:
         conn.send(("stage", "run"))
         try:
-            samples = build.time_interleaved([ex for _, ex, _ in timed], timed[0][2], session.feeds,
+            samples = build.time_interleaved([b[0] for _, b in timed], timed[0][1][1], session.feeds,
                                              build.MeasureConfig(**req["config"]))
         except Exception as err:
-            for out, _, _ in timed:
+            for out, _ in timed:
                 out.update(status="runtime_error", error=_short(err))
-        else:
-            for (out, _, _), lat in zip(timed, samples):
-                out["latencies_s"] = lat
+            return {"status": "ok", "results": results}
+        for (out, (_, _, scheduled, kernels, target)), lat in zip(timed, samples):
+            out["latencies_s"] = lat
+            if req.get("time_groups"):
+                out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
     return {"status": "ok", "results": results}
 
 

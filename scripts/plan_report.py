@@ -2,9 +2,10 @@
 
 Plans: unfused, tvm_default (TVM FuseOps' grouping), the seed plans the tuner starts from
 (SearchSpace.plus_kinds: TVM's plan plus every horizontal, every reduction->broadcast, every
-merge of two anchored groups, and every fusion), and TVM's plan plus the decisions given with
---plus. Every plan is built and timed in the isolated worker and checked against the unfused
-reference. With --kernels, each kernel is also timed alone: TVM's plan's N slowest, and for every
+merge of two anchored groups, every matmul/conv epilogue past a reshape, and every fusion), and
+TVM's plan plus the decisions given with --plus. Every plan is built in one isolated worker,
+checked against the unfused reference, and the plans are timed in turns, sample by sample;
+'vs tvm_default' is the median of the paired ratios. With --kernels, each kernel is also timed alone: TVM's plan's N slowest, and for every
 other plan the kernels it has that TVM's plan has not.
 
     python scripts/plan_report.py [MODEL] [--input name:1x3x224x224] [--target llvm] [--kernels N]
@@ -17,6 +18,7 @@ transformer_block).
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -66,7 +68,8 @@ def main() -> None:
         kinds[d.kind] = kinds.get(d.kind, 0) + 1
     console.print(f"plan space: {len(space)} decisions {kinds}")
     table = Table(title=f"plans on {args.target} (median of {args.repeat} samples)")
-    for col in ("plan", "kernels", "fusion", "bytes kept", "compile s", "latency us", "±IQR/2", "status"):
+    for col in ("plan", "kernels", "fusion", "bytes kept", "compile s", "latency us", "±IQR/2", "vs tvm_default",
+                "status"):
         table.add_column(col, justify="left" if col in ("plan", "status") else "right")
     build_only = args.target.startswith("cuda")
     config = MeasureConfig(repeat=args.repeat)
@@ -77,22 +80,27 @@ def main() -> None:
         if unknown:
             ap.error(f"no such decision(s) {unknown}; e.g. {space.decisions[0].id}")
         plans.append(space.decode({**space.encode(base), **dict.fromkeys(ids.split(","), True)}, f"{base.name}+{ids}"))
-    timed = {}
     with IsolatedMeasurer(w, target=args.target, config=config, build_only=build_only) as m:
-        for plan in plans:
-            r = m.measure(plan, time_groups=bool(args.kernels) and not build_only)
-            timed[plan.name] = (plan, r)
-            pm = plan_metrics(w.graph, plan)
-            table.add_row(
-                plan.name,
-                str(pm.kernels),
-                f"{pm.fusion_ratio:.2f}",
-                f"{pm.bytes_saved / 1024:.1f} KiB",
-                f"{r.compile_s:.2f}" if r.compile_s else "-",
-                f"{r.median_s * 1e6:.1f}" if r.median_s else "-",
-                f"±{r.spread * 50:.1f}%" if r.spread is not None else "-",
-                r.status if r.status in ("ok", "built") else f"{r.status}: {r.error}",
-            )
+        # all plans in one worker, timed in turns: side by side, as the tuner compares them
+        results = m.measure_together(plans, time_groups=bool(args.kernels) and not build_only)
+    timed = {plan.name: (plan, r) for plan, r in zip(plans, results)}
+    base_r = timed[base.name][1]
+    for plan, r in zip(plans, results):
+        pm = plan_metrics(w.graph, plan)
+        paired = None
+        if r.ok and base_r.ok and len(r.latencies_s) == len(base_r.latencies_s):
+            paired = statistics.median(b / x for b, x in zip(base_r.latencies_s, r.latencies_s))
+        table.add_row(
+            plan.name,
+            str(pm.kernels),
+            f"{pm.fusion_ratio:.2f}",
+            f"{pm.bytes_saved / 1024:.1f} KiB",
+            f"{r.compile_s:.2f}" if r.compile_s else "-",
+            f"{r.median_s * 1e6:.1f}" if r.median_s else "-",
+            f"±{r.spread * 50:.1f}%" if r.spread is not None else "-",
+            f"{paired:.3f}x" if paired else "-",
+            r.status if r.status in ("ok", "built") else f"{r.status}: {r.error}",
+        )
     console.print(table)
     if args.kernels and not build_only:
         _print_kernels(console, w, *timed[base.name], args.kernels, "kernels alone", ())
