@@ -35,8 +35,8 @@ class Rounds:
         """How many times faster `other` ran than `base`: the median, over their paired samples
         (the k-th sample of each in a round, timed back to back), of base / other. Pairing
         cancels the slow spells of a shared host that one plan's pooled median does not
-        (GPT-2's two plans: pooled medians 8% apart one way with 30% noise, paired 5% the
-        other way in every round). None unless both ran every round."""
+        (GPT-2's tuned plan: 0.92x of TVM's by pooled medians with 30% round-to-round noise,
+        1.059x paired in `autofuse bench`). None unless both ran every round."""
         a, b = self.good.get(base), self.good.get(other)
         if a is None or b is None or len(a.latencies_s) != len(b.latencies_s) or not a.latencies_s:
             return None
@@ -44,11 +44,6 @@ class Rounds:
 
 
 MeasureMany = Callable[[list[FusionPlan], MeasureConfig], list[Measurement]]
-
-
-def one_by_one(measure: Callable[[FusionPlan, MeasureConfig], Measurement]) -> MeasureMany:
-    """A MeasureMany from a one-plan measurer (plans timed one after the other, not in turns)."""
-    return lambda plans, config: [measure(p, config) for p in plans]
 
 
 def measure_rounds(
