@@ -154,6 +154,9 @@ def test_measure_together_times_plans_in_one_worker(mlp):
         # the unfused plan has more kernels than TVM's
         assert len(ms[1].kernels) > len(ms[0].kernels)
         assert m.measure(mlp.unfused()).ok and m._worker.process.pid == pid
+        # with time_groups every kernel of every plan is also timed alone (cost-model data)
+        timed = m.measure_together([mlp.tvm_default(), mlp.unfused()], time_groups=True)
+        assert all(x.ok and set(x.kernels) <= set(x.kernel_latencies_s) for x in timed)
 
 
 def test_measure_together_fails_plans_alone(mlp):
