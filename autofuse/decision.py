@@ -38,9 +38,15 @@ class Rounds:
         (GPT-2's tuned plan: 0.92x of TVM's by pooled medians with 30% round-to-round noise,
         1.059x paired in `autofuse bench`). None unless both ran every round."""
         a, b = self.good.get(base), self.good.get(other)
-        if a is None or b is None or len(a.latencies_s) != len(b.latencies_s) or not a.latencies_s:
-            return None
-        return statistics.median(x / y for x, y in zip(a.latencies_s, b.latencies_s) if y > 0)
+        return paired_speedup(a, b) if a is not None and b is not None else None
+
+
+def paired_speedup(base: Measurement, other: Measurement) -> float | None:
+    """The median over paired samples (same index: timed back to back) of base / other; None
+    unless both hold the same number of samples."""
+    if len(base.latencies_s) != len(other.latencies_s) or not base.latencies_s:
+        return None
+    return statistics.median(x / y for x, y in zip(base.latencies_s, other.latencies_s) if y > 0)
 
 
 MeasureMany = Callable[[list[FusionPlan], MeasureConfig], list[Measurement]]

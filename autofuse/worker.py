@@ -166,8 +166,8 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
     if timed:
         conn.send(("stage", "run"))
         try:
-            samples = build.time_interleaved([b[0] for _, b in timed], timed[0][1][1], session.feeds,
-                                             build.MeasureConfig(**req["config"]))
+            executables, device = [ex for _, (ex, *_) in timed], timed[0][1][1]
+            samples = build.time_interleaved(executables, device, session.feeds, build.MeasureConfig(**req["config"]))
         except Exception as err:
             for out, _ in timed:
                 out.update(status="runtime_error", error=_short(err))

@@ -18,7 +18,6 @@ transformer_block).
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from autofuse import models
 from autofuse.build import MeasureConfig
+from autofuse.decision import paired_speedup
 from autofuse.importer import InputSpec
 from autofuse.measure import IsolatedMeasurer
 from autofuse.metrics import plan_metrics
@@ -87,9 +87,7 @@ def main() -> None:
     base_r = timed[base.name][1]
     for plan, r in zip(plans, results):
         pm = plan_metrics(w.graph, plan)
-        paired = None
-        if r.ok and base_r.ok and len(r.latencies_s) == len(base_r.latencies_s):
-            paired = statistics.median(b / x for b, x in zip(base_r.latencies_s, r.latencies_s))
+        paired = paired_speedup(base_r, r) if r.ok and base_r.ok else None
         table.add_row(
             plan.name,
             str(pm.kernels),
