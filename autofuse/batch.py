@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import statistics
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -41,26 +42,43 @@ class BatchError(ValueError):
 def candidate_plans(
     w: Workload, space: SearchSpace, count: int, target: str, log: TuningLog | None = None, seed: int = 0
 ) -> list[tuple[str, FusionPlan]]:
-    """Up to `count` distinct plans worth measuring on the device: the baselines (unfused, TVM's
-    default), the plans of each fusion kind, the log's plans for this model and target that
-    built (best first), then random points of the plan space."""
+    """Up to `count` distinct plans worth measuring on the device, in this order:
+
+    1. the references: unfused, TVM's default, and the fastest plan the log has timed on this
+       target (re-timed in every batch, so a batch's decision compares plans of one run);
+    2. the seeds the tuner starts from (TVM's plan plus every horizontal fusion — what GPUs
+       gain most from, fewer launches —, reduction->broadcast, anchors, epilogues), then the
+       plans of each fusion kind;
+    3. plans the log has built for this target but not timed, best predicted first: what a
+       `tune` run on the compiling host proposed from the cost model trained on earlier batches;
+    4. random points of the plan space.
+
+    Plans the log already timed on this target are left out of 2-4: a second batch measures
+    new plans instead of the first batch's again."""
+    mine = [r for r in log.records() if r.model_key == w.key and r.target == target
+            and r.role != "best"] if log is not None else []
+    timed = sorted((r for r in mine if r.status == "ok" and r.measurement.get("median_s")),
+                   key=lambda r: r.measurement["median_s"])
+    done = {r.plan_key for r in timed}
     out: dict[str, tuple[str, FusionPlan]] = {}
 
-    def add(label: str, plan: FusionPlan) -> None:
-        if plan.key not in out and len(out) < count:
+    def add(label: str, plan: FusionPlan, again: bool = False) -> None:
+        if plan.key not in out and len(out) < count and (again or plan.key not in done):
             out[plan.key] = (label, plan)
 
-    add("unfused", w.unfused())
-    add("tvm_default", w.tvm_default())
+    default = w.tvm_default()
+    add("unfused", w.unfused(), again=True)
+    add("tvm_default", default, again=True)
+    if timed:
+        add(f"log:{timed[0].plan_key[:8]}", FusionPlan.from_dict(timed[0].plan), again=True)
+    for plan in space.plus_kinds(default):
+        add(plan.name, plan)
     for kinds in (("vertical",), ("vertical", "horizontal"), ("vertical", "reduction"),
                   ("vertical", "horizontal", "reduction")):
         add("+".join(kinds), space.plan_of_kinds(set(kinds)))
-    if log is not None:
-        mine = [r for r in log.records() if r.model_key == w.key and r.target == target
-                and r.status in ("ok", "built") and r.role != "best"]
-        mine.sort(key=lambda r: (r.measurement.get("median_s") or r.predicted_s or float("inf")))
-        for r in mine:
-            add(f"log:{r.plan_key[:8]}", FusionPlan.from_dict(r.plan))
+    built = sorted((r for r in mine if r.status == "built"), key=lambda r: r.predicted_s or float("inf"))
+    for r in built:
+        add(f"log:{r.plan_key[:8]}", FusionPlan.from_dict(r.plan))
     rng = random.Random(seed)
     for _ in range(20 * count):
         if len(out) >= count:
@@ -137,9 +155,12 @@ def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path, min_
         entry = entries.get(row.get("plan_key"))
         if entry is None:
             raise BatchError(f"{results_path}: plan {row.get('plan_key')} is not in the batch")
+        status, error = row.get("status", "runtime_error"), row.get("error")
+        if status == "checked":  # the run was cut off after checking this plan, before timing it
+            status, error = "timeout", "the runner stopped before timing this plan"
         m = Measurement(
-            entry["plan_key"], row.get("status", "runtime_error"), latencies_s=tuple(row.get("latencies_s") or ()),
-            compile_s=entry.get("compile_s"), max_abs_err=row.get("max_abs_err"), error=row.get("error"),
+            entry["plan_key"], status, latencies_s=tuple(row.get("latencies_s") or ()),
+            compile_s=entry.get("compile_s"), max_abs_err=row.get("max_abs_err"), error=error,
             kernels=tuple(entry["kernels"]), resources=entry.get("resources") or {},
             kernel_latencies_s=row.get("kernel_latencies_s") or {},
         )
@@ -149,16 +170,23 @@ def ingest(log: TuningLog, batch_dir: str | Path, results_path: str | Path, min_
                         rule=entry.get("rule"), kernels=tuple(entry.get("kernels") or ()),
                         resources=entry.get("resources") or {})
         records.append(_record(manifest, entry, m, "", {}))
-    best = _decision(manifest, records, min_gain)
+    in_turns = bool((results.get("protocol") or {}).get("in_turns"))
+    best = _decision(manifest, records, min_gain, in_turns)
     for rec in records + ([best] if best else []):
         log.append(rec)
     return len(records)
 
 
-def _decision(manifest: dict[str, Any], records: list[TuningRecord], min_gain: float) -> TuningRecord | None:
+ROUNDS = 5  # a batch's samples, taken in turns, are judged as this many consecutive rounds
+
+
+def _decision(manifest: dict[str, Any], records: list[TuningRecord], min_gain: float,
+              in_turns: bool) -> TuningRecord | None:
     """The batch's deployable plan, by the tuner's rule: the fastest correct plan, unless it
     beats tvm_default (timed in the same run, on the same device) by no more than the noise and
-    `min_gain`. Logged as a 'best' record, which deployment reads first."""
+    `min_gain`. When the runner took the samples in turns, the gain is judged paired, as the
+    tuner's finalist rounds are: the samples in ROUNDS consecutive chunks, each chunk's median
+    a round. Logged as a 'best' record, which deployment reads first."""
     from autofuse.decision import decide_over_default
 
     timed = {r.plan_key: r for r in records if r.status == "ok" and r.median_s}
@@ -167,9 +195,19 @@ def _decision(manifest: dict[str, Any], records: list[TuningRecord], min_gain: f
         return None
     medians = {k: r.median_s for k, r in timed.items()}
     noise = {k: r.measurement.get("spread") or 0.0 for k, r in timed.items()}
-    key, _ = decide_over_default(medians, noise, default, min_gain)  # type: ignore[arg-type]
+    per_round = {k: _chunk_medians(r.measurement.get("latencies_s") or []) for k, r in timed.items()}
+    n = len(per_round[default])
+    paired = {k: v for k, v in per_round.items() if len(v) == n} if in_turns and n >= 2 else None
+    key, _ = decide_over_default(medians, noise, default, min_gain, paired)  # type: ignore[arg-type]
     chosen = timed[key]
     return replace(chosen, role="best", id=uuid.uuid4().hex)
+
+
+def _chunk_medians(samples: list[float]) -> list[float]:
+    size = len(samples) // ROUNDS
+    if size == 0:
+        return []
+    return [statistics.median(samples[i * size:(i + 1) * size]) for i in range(ROUNDS)]
 
 
 def _record(manifest: dict[str, Any], entry: dict[str, Any], m: Measurement, device: str,

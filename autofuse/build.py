@@ -132,9 +132,10 @@ class DLightWithFallback:
     """DLight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback) kernel by kernel,
     where a rule that raises on a fused kernel passes it on to the next rule instead of failing
     the whole module (DLight's own pass stops at the first exception). A kernel no rule
-    schedules is an error: unscheduled, TVM would quietly compile it for the host CPU. (A rule
-    can also leave a kernel that fails later, in lowering: that plan is a build_error, as TIR's
-    well-formedness check does not accept scheduled blocks in TVM 0.27.) Run inside `with target`."""
+    schedules is an error: unscheduled, TVM would quietly compile it for the host CPU. A rule can
+    also leave a kernel that fails later, in lowering (e.g. Matmul on a matmul fused with a split:
+    "buffer used before its definition"), so each scheduled kernel is lowered alone through TIR's
+    pipeline (milliseconds, no code generation) before it is accepted. Run inside `with target`."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         from tvm import tirx
@@ -143,6 +144,9 @@ class DLightWithFallback:
         from autofuse.schedule import SCHEDULED_ATTR
 
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        target = tvm.target.Target.current()
+        lower, _, _ = tirx.get_default_tir_pipeline(target)
+        bind = tirx.transform.BindTarget(target.with_host(target.host or "llvm"))
         out = mod.clone()
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
@@ -153,12 +157,20 @@ class DLightWithFallback:
                 except Exception:  # the rule cannot schedule this kernel: try the next one
                     continue
                 scheduled = one[gv.name_hint]
-                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs:
+                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs and _lowers(gv, scheduled, bind, lower):
                     out[gv] = scheduled
                     break
             else:
                 raise ValueError(f"no DLight rule schedules kernel {gv.name_hint} for the GPU")
         return out
+
+
+def _lowers(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc, bind: tvm.transform.Pass, lower: tvm.transform.Pass) -> bool:
+    try:
+        lower(bind(tvm.IRModule({gv: func.with_attr("global_symbol", gv.name_hint)})))
+    except Exception:  # noqa: BLE001 - any lowering failure means: not this rule's schedule
+        return False
+    return True
 
 
 def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:

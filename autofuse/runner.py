@@ -9,10 +9,13 @@ through TVM's RPC. `autofuse export-batch` copies it into every batch directory:
     python runner.py BATCH_DIR --out results.json --tracker HOST:PORT --key KEY
 
 Each plan's library is loaded as a deployment would load it (the Relax VM's raw entry points),
-run once and checked against the expected outputs in the batch, then timed: `repeat` samples,
-each the mean of `number` calls lasting at least `min_repeat_ms`. A plan that fails to load,
-crashes or gives wrong numbers is recorded as such and the batch goes on. Results are written
-after every plan, so a run cut short keeps what it measured.
+run once and checked against the expected outputs in the batch. Then the plans that passed are
+timed in turns, as autofuse times plans side by side: sample k of every plan back to back (each
+sample the mean of `number` calls lasting at least `min_repeat_ms`), the order rotated, so that
+the k-th samples share the device's state and pair up. Last, each new kernel is timed alone.
+A plan that fails to load, crashes or gives wrong numbers is recorded as such and the batch goes
+on. Results are written after every plan checked and every round of samples, so a run cut
+short keeps what it measured (a plan checked but not timed yet reads "checked").
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ def measure_batch(batch_dir: str, args: argparse.Namespace) -> dict:
     if args.device is None:  # the batch's target
         args.device = "cuda" if manifest["target"].startswith("cuda") else "cpu"
     tvm, remote, dev = _session(args)
+    if not dev.exist:  # e.g. TVM's CUDA runtime found no libcudart: say so once, not per plan
+        raise RuntimeError(f"no {args.device} device 0 visible to TVM's runtime"
+                           + (" (is libcudart on the library path?)" if args.device == "cuda" else ""))
     feeds = [np.load(os.path.join(batch_dir, i["file"])) for i in manifest["inputs"]]
     want = [np.load(os.path.join(batch_dir, f)) for f in manifest.get("expected", [])]
     rtol, atol = manifest.get("tolerance", [1e-4, 1e-5])
@@ -101,11 +107,13 @@ def measure_batch(batch_dir: str, args: argparse.Namespace) -> dict:
         "target": manifest["target"],
         "device": args.device_name or _device_name(dev, args.device),
         "host": platform.node() if remote is None else (args.rpc or args.tracker),
-        "protocol": {"number": args.number, "repeat": args.repeat, "min_repeat_ms": args.min_repeat_ms},
+        "runtime": os.path.dirname(tvm.__file__),
+        "protocol": {"number": args.number, "repeat": args.repeat, "min_repeat_ms": args.min_repeat_ms,
+                     "in_turns": True},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": [],
     }
-    timed: set[str] = set()  # kernels shared by several plans are timed once
+    checked = []  # (row, lib, vm, tensors) of the plans that ran and matched
     for entry in manifest["entries"]:
         if args.only and entry["label"] not in args.only:
             continue
@@ -117,27 +125,63 @@ def measure_batch(batch_dir: str, args: argparse.Namespace) -> dict:
             got = _flatten(vm["main"](*tensors))
             ok, worst = _close(got, want, rtol, atol) if want else (True, 0.0)
             row["max_abs_err"] = worst
-            if not ok:
-                row.update(status="wrong_result", error=f"max abs diff {worst:.3g} vs expected")
+            if ok:
+                row["status"] = "checked"
+                checked.append((row, lib, vm, tensors))
             else:
-                timer = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat,
-                                          min_repeat_ms=args.min_repeat_ms)
-                row.update(status="ok", latencies_s=[float(r) for r in timer(*tensors).results])
-                row["kernel_latencies_s"] = _time_kernels(tvm, lib, dev, entry, timed, args)
+                row.update(status="wrong_result", error=f"max abs diff {worst:.3g} vs expected")
         except Exception as err:  # one plan's failure is a result, not the end of the batch
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            row.update(status="runtime_error", error=f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500])
-            if args.verbose:
-                traceback.print_exc()
+            _failed(row, err, args)
         row["wall_s"] = time.perf_counter() - t0
         result["results"].append(row)
         _write(args.out, result)
+        print(f"{entry['label']:<24} {row['status']:<14} {row.get('error', '')}", flush=True)
+    _time_in_turns(dev, checked, args, lambda: _write(args.out, result))
+    timed: set[str] = set()  # kernels shared by several plans are timed once
+    entries = {e["plan_key"]: e for e in manifest["entries"]}
+    for row, lib, _, _ in checked:
+        if row["status"] == "ok":
+            row["kernel_latencies_s"] = _time_kernels(tvm, lib, dev, entries[row["plan_key"]], timed, args)
         lat = row.get("latencies_s")
         shown = f"{sorted(lat)[len(lat) // 2] * 1e6:.1f} us" if lat else row.get("error", "")
-        print(f"{entry['label']:<24} {row['status']:<14} {shown}", flush=True)
+        print(f"{row['label']:<24} {row['status']:<14} {shown}", flush=True)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _write(args.out, result)
     return result
+
+
+def _time_in_turns(dev, checked: list, args: argparse.Namespace, save) -> None:  # noqa: ANN001
+    """`args.repeat` samples of every checked plan, sample k of each back to back, the order
+    rotated (autofuse.build.time_interleaved's protocol, restated: this file may not import
+    autofuse). A plan that fails while timed is out, with its error."""
+    timers = {}
+    for row, _, vm, _ in checked:
+        try:
+            timers[row["plan_key"]] = vm.time_evaluator("main", dev, number=args.number, repeat=1,
+                                                        min_repeat_ms=args.min_repeat_ms)
+        except Exception as err:
+            _failed(row, err, args)
+    live = [c for c in checked if c[0]["plan_key"] in timers]
+    for r in range(args.repeat):
+        for row, _, _, tensors in live[r % max(1, len(live)):] + live[: r % max(1, len(live))]:
+            if row["status"] not in ("checked", "ok"):
+                continue
+            try:
+                sample = float(timers[row["plan_key"]](*tensors).results[0])
+            except Exception as err:
+                _failed(row, err, args)
+                row.pop("latencies_s", None)
+                continue
+            row.setdefault("latencies_s", []).append(sample)
+            row["status"] = "ok"
+        save()
+
+
+def _failed(row: dict, err: Exception, args: argparse.Namespace) -> None:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    row.update(status="runtime_error", error=f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500])
+    if args.verbose:
+        traceback.print_exc()
 
 
 def _time_kernels(tvm, lib, dev, entry: dict, timed: set[str], args: argparse.Namespace) -> dict:  # noqa: ANN001
@@ -203,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(os.path.join(args.batch_dir, "manifest.json")):
         print(f"runner: error: {args.batch_dir} has no manifest.json", file=sys.stderr)
         return 2
-    measure_batch(args.batch_dir, args)
+    try:
+        measure_batch(args.batch_dir, args)
+    except RuntimeError as err:
+        print(f"runner: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -21,6 +21,18 @@ if [ -d "$PREP/runtime" ]; then
   export PYTHONPATH="$PREP/runtime${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export TVM_USE_RUNTIME_LIB=1
+# TVM's CUDA runtime links libcudart.so.13: if the loader does not know one, use the CUDA
+# toolkit's or the one PyTorch's Python carries
+if [ "${DEVICE:-cuda}" = cuda ] && ! ldconfig -p 2>/dev/null | grep -q 'libcudart\.so\.13'; then
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib* \
+      $("$PY" -c 'import site; print(*site.getsitepackages())' 2>/dev/null | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|'); do
+    if [ -e "$dir/libcudart.so.13" ]; then
+      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "libcudart.so.13 from $dir"
+      break
+    fi
+  done
+fi
 status=0
 for batch in "$PREP"/batches/*/; do
   name=$(basename "$batch")

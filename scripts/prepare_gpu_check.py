@@ -14,6 +14,7 @@ inputs and expected outputs (see autofuse/batch.py).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import shutil
 import subprocess
 import sys
@@ -34,30 +35,54 @@ from autofuse.workload import prepare
 
 HERE = Path(__file__).parent
 LIMIT_BYTES = 64 << 20
-# what a runtime-only TVM does not need
-_DROP = ("libtvm_compiler.so", "3rdparty", "src", "include", "__pycache__", "*.pyc")
+# what a runtime-only TVM does not need: the compiler library, sources, headers, the importers,
+# the web runtime (tvm-ffi's core links libtvm_ffi_testing.so: it stays)
+_DROP = ("libtvm_compiler.so", "3rdparty", "src", "include", "frontend", "web", "cython", "__pycache__", "*.pyc")
 
 
 def runtime_copy(dest: Path, python: str = "3.12") -> None:
-    """TVM's runtime-only package plus the wheels it imports, for `python`, unpacked in `dest`."""
+    """TVM's runtime-only package plus the packages it imports, for `python`, in `dest`:
+    cp312 wheels of apache-tvm-ffi and typing_extensions unpacked, or with python="local" the
+    ones installed here (how the test runs the copy)."""
     import tvm
-
-    shutil.copytree(Path(tvm.__file__).parent, dest / "tvm", ignore=shutil.ignore_patterns(*_DROP))
     import tvm_ffi
 
-    ffi_version = tvm_ffi.__version__
+    ignore = shutil.ignore_patterns(*_DROP)
+    shutil.copytree(Path(tvm.__file__).parent, dest / "tvm", ignore=ignore)
+    if python == "local":
+        import typing_extensions
+
+        shutil.copytree(Path(tvm_ffi.__file__).parent, dest / "tvm_ffi", ignore=ignore)
+        shutil.copy(typing_extensions.__file__, dest)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               python, "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"apache-tvm-ffi=={ffi_version}",
+               python, "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"apache-tvm-ffi=={tvm_ffi.__version__}",
                "typing_extensions"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         for wheel in Path(tmp).glob("*.whl"):
             with zipfile.ZipFile(wheel) as z:
-                z.extractall(dest)
+                z.extractall(dest, [n for n in z.namelist() if not _dropped(n)])
+
+
+def _dropped(member: str) -> bool:
+    return any(fnmatch.fnmatch(part, pattern) for part in member.split("/") for pattern in _DROP)
 
 
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def tree_bytes(root: Path, besides: Path) -> int:
+    """The repository's files that travel with the folder `besides` (tracked, and untracked but
+    not ignored, outside `besides`); 0 outside a git checkout."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    files = [(root / name).resolve() for name in listed.split("\0") if name]
+    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_relative_to(besides.resolve()))
 
 
 def main() -> int:
@@ -70,6 +95,8 @@ def main() -> int:
     ap.add_argument("--space", default="gpu")
     ap.add_argument("--log-dir", type=Path, default=Path("tuning_logs"), help="logged plans join the candidates")
     ap.add_argument("--no-runtime", action="store_true", help="skip the TVM runtime copy (host has TVM)")
+    ap.add_argument("--runtime-python", default="3.12",
+                    help="the GPU host's Python version, or 'local': copy this machine's packages")
     ap.add_argument("--torch-models", default="", help="also time these hf_models on the GPU host (e.g. bert,gpt2)")
     args = ap.parse_args()
     if args.out.exists():
@@ -94,10 +121,10 @@ def main() -> int:
     if args.torch_models:
         (args.out / "torch_models.txt").write_text(args.torch_models)
     if not args.no_runtime:
-        runtime_copy(args.out / "runtime")
-    size = folder_bytes(args.out)
-    print(f"{args.out}: {size / 2**20:.1f} MiB")
-    if size > LIMIT_BYTES:
+        runtime_copy(args.out / "runtime", args.runtime_python)
+    size, tree = folder_bytes(args.out), tree_bytes(HERE.parent, args.out)
+    print(f"{args.out}: {size / 2**20:.1f} MiB (+ {tree / 2**20:.1f} MiB of the repository beside it)")
+    if size + tree > LIMIT_BYTES:
         print(f"error: over the {LIMIT_BYTES >> 20} MiB upload limit; use fewer --plans or models", file=sys.stderr)
         return 1
     return 0

@@ -1,5 +1,7 @@
 """apply_plan: one kernel per group, FuseOps parity, BatchNorm folding, random legal plans."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -117,6 +119,18 @@ def test_random_cuda_plans_build_with_dlight_fallbacks(name, request):
         assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
 
 
+def test_dlight_schedule_that_fails_to_lower_gives_way_to_the_next_rule():
+    # GPT-2's QKV projection: DLight's Matmul rule accepts a matmul+split kernel, but its TIR
+    # does not lower ("buffer used before its definition"); such a plan used to be a build_error
+    from autofuse.gpu_resources import cuda_source
+
+    w = prepare(Path(__file__).parent / "qkv_module.py")
+    assert [n.op for n in w.graph.nodes] == ["matmul", "split", "multiply", "add"]
+    fused, kernels = apply.fuse(w.mod, w.graph, FusionPlan(((0, 1), (2, 3))))
+    source = cuda_source(build.build(fused, build.make_target("cuda:sm_90")).mod)
+    assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
+
+
 def _random_plan(space, data):
     return space.decode({d.id: data.draw(st.booleans()) for d in space.decisions})
 
@@ -140,8 +154,6 @@ def test_random_legal_plans_build_and_match(measurers, name, data):
 
 
 def test_tuple_output_kernels_fuse_like_fuseops():
-    from pathlib import Path
-
     w = prepare(Path(__file__).parent / "split_module.py")
     split = next(n for n in w.graph.nodes if n.op.startswith("split"))
     assert split.dtype == "tuple" and split.fusable

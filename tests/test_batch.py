@@ -38,6 +38,7 @@ def _runner(batch, out, *extra):
 def cpu_batch(mlp, tmp_path_factory):
     batch = tmp_path_factory.mktemp("batch") / "mlp"
     plans = candidate_plans(mlp, SearchSpace(mlp.graph), 3, "llvm")
+    assert [label for label, _ in plans] == ["unfused", "tvm_default", "tvm_default+reduction"]  # the first seed
     with IsolatedMeasurer(mlp, target="llvm", config=MeasureConfig(timeout_s=300)) as m:
         manifest = export_batch(m, plans, batch, "rules")
     return batch, manifest
@@ -49,6 +50,7 @@ def test_export_run_runtime_only_and_ingest(cpu_batch, mlp, tmp_path):
     assert all((batch / e["library"]).is_file() for e in manifest["entries"])
     results = _runner(batch, tmp_path / "results.json")
     assert [r["status"] for r in results["results"]] == ["ok"] * len(manifest["entries"])
+    assert results["protocol"]["in_turns"] and all(len(r["latencies_s"]) == 3 for r in results["results"])
     assert all(r["max_abs_err"] < 1e-4 for r in results["results"])
     assert any(r["kernel_latencies_s"] for r in results["results"])  # kernels timed alone too
     log = TuningLog(tmp_path / "log")
@@ -71,6 +73,14 @@ def test_export_run_runtime_only_and_ingest(cpu_batch, mlp, tmp_path):
     tuner._load_history()
     assert {e["plan_key"] for e in manifest["entries"]} <= set(tuner.measured)
     assert tuner.kernel_s
+    # a second batch re-times the references (unfused, tvm_default, the fastest so far) and
+    # fills the rest with plans not timed yet
+    again = candidate_plans(mlp, SearchSpace(mlp.graph), 6, "llvm", log)
+    timed = {e["plan_key"] for e in manifest["entries"]}
+    fastest = min((r for r in recs[:-1]), key=lambda r: r.measurement["median_s"]).plan_key
+    assert [label for label, _ in again][:2] == ["unfused", "tvm_default"]
+    assert {p.key for _, p in again} & timed == {mlp.unfused().key, mlp.tvm_default().key, fastest}
+    assert len(again) == 6
 
 
 def test_a_broken_library_is_a_result_not_the_end(cpu_batch, tmp_path):
@@ -81,6 +91,32 @@ def test_a_broken_library_is_a_result_not_the_end(cpu_batch, tmp_path):
     results = _runner(broken, tmp_path / "r.json")
     statuses = [r["status"] for r in results["results"]]
     assert statuses[0] == "runtime_error" and statuses[1:] == ["ok"] * (len(statuses) - 1)
+
+
+def test_a_plan_checked_but_not_timed_is_ingested_as_a_timeout(cpu_batch, tmp_path):
+    batch, manifest = cpu_batch
+    rows = [{"plan_key": e["plan_key"], "label": e["label"], "status": "checked"} for e in manifest["entries"]]
+    (tmp_path / "cut.json").write_text(json.dumps({"batch": manifest["batch"], "results": rows}))
+    log = TuningLog(tmp_path / "log")
+    ingest(log, batch, tmp_path / "cut.json")
+    assert {r.status for r in log.records()} == {"timeout"}  # no decision without timings
+
+
+def test_batch_decision_pairs_samples_taken_in_turns():
+    # a slow spell after the first third doubles both plans' times: pooled, the candidate's 5%
+    # gain drowns in the spread; paired round by round it is there every time
+    from autofuse.batch import _decision
+    from autofuse.batch import _record
+    from autofuse.measure import Measurement
+
+    manifest = {"model_key": "m", "model_name": "m", "target": "cuda", "scheduler": "dlight", "batch": "b",
+                "entries": [{"label": "tvm_default", "plan_key": "d", "plan": {"key": "d"}},
+                            {"label": "tvm_default+horizontal", "plan_key": "c", "plan": {"key": "c"}}]}
+    default = [1.0] * 5 + [2.0] * 10
+    records = [_record(manifest, e, Measurement(e["plan_key"], "ok", latencies_s=tuple(x * f for x in default)), "", {})
+               for e, f in zip(manifest["entries"], (1.0, 0.95))]
+    assert _decision(manifest, records, 0.02, in_turns=True).plan_key == "c"
+    assert _decision(manifest, records, 0.02, in_turns=False).plan_key == "d"
 
 
 def test_ingest_rejects_results_of_another_batch(cpu_batch, tmp_path):
@@ -144,11 +180,13 @@ def test_cuda_batch_compiles_for_sm90_with_resources(transformer, tmp_path):
 
 
 def test_gpu_check_script_end_to_end_on_cpu_batches(tmp_path):
-    # the same two scripts a GPU run uses, with CPU batches and the installed TVM (runtime-only)
+    # the same two scripts a GPU run uses, with CPU batches and a runtime-only copy of this
+    # machine's TVM trimmed as for the GPU host
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     prep = tmp_path / "prep"
     cmd = [sys.executable, os.path.join(root, "scripts", "prepare_gpu_check.py"), str(prep), "--models", "mlp",
-           "--plans", "2", "--target", "llvm", "--space", "default", "--no-runtime", "--log-dir", str(tmp_path / "none")]
+           "--plans", "2", "--target", "llvm", "--space", "default", "--runtime-python", "local",
+           "--log-dir", str(tmp_path / "none")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "results"
@@ -158,6 +196,8 @@ def test_gpu_check_script_end_to_end_on_cpu_batches(tmp_path):
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "mlp.json").read_text())
     assert [r["status"] for r in results["results"]] == ["ok", "ok"]
+    # the trimmed runtime copy in the folder ran it, not the installed TVM
+    assert results["runtime"] == str(prep.resolve() / "runtime" / "tvm")
     log = TuningLog(tmp_path / "log")
     assert ingest(log, prep / "batches" / "mlp", out / "mlp.json") == 2
     bad = subprocess.run(["bash", str(prep / "gpu_check.sh"), str(tmp_path), str(out)], capture_output=True, text=True)
