@@ -89,7 +89,9 @@ def _run(fn: Any) -> Any:
 
 
 def _fmt_us(seconds: float | None) -> str:
-    return f"{seconds * 1e6:,.1f} us" if seconds else "-"
+    if not seconds:
+        return "-"
+    return f"{seconds * 1e6:,.{2 if seconds < 1e-5 else 1}f} us"  # kernels under 10 us need the second digit
 
 
 @app.command()
@@ -290,11 +292,13 @@ def show(
         out.print(f"  best plan {best.plan_key} ({best.role}): {_fmt_us(best.median_s)}, "
                   f"{best.metrics.get('kernels')} kernels, fusion ratio {best.metrics.get('fusion_ratio', 0):.2f}")
         if groups:
-            _print_groups(best)
+            # a kernel is timed once per measurement run, with the first plan that has it
+            lat = {k: v for r in mine if r.scheduler == scheduler
+                   for k, v in (r.measurement.get("kernel_latencies_s") or {}).items()}
+            _print_groups(best, lat)
 
 
-def _print_groups(rec: Any) -> None:
-    lat = rec.measurement.get("kernel_latencies_s") or {}
+def _print_groups(rec: Any, lat: dict[str, float]) -> None:
     table = Table()
     for col in ("group", "nodes", "kernel", "kernel time"):
         table.add_column(col)

@@ -70,7 +70,16 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             relax.transform.DeadCodeElimination(),
         ]
     )
-    return seq(mod)
+    mod = seq(mod)
+    if any(isinstance(b.value, relax.Tuple) for b in main_block(mod).bindings):
+        # a batch norm decomposed for inference leaves `t = (y, mean, var); x = t[0]` (DenseNet's
+        # BN after a concat): bindings outside any kernel that can sit between two parts of one
+        # fused group, a cycle when the group is emitted. Forwarded, then dropped. Only then: the
+        # pass also renames the output binding, which would change every model's key (and so
+        # orphan the plans already in tuning logs).
+        mod = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
+                                        relax.transform.DeadCodeElimination()])(mod)
+    return mod
 
 
 # the sign-cleared bit pattern of +infinity, per float width

@@ -67,3 +67,30 @@ def test_nan_and_inf_tests_are_bit_tests_with_ieee_answers(name, dtype):
     a[:8] = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(dtype).max, np.finfo(dtype).tiny]
     got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [a])[0]
     np.testing.assert_array_equal(got, np.where(ref(a), 0, a).astype(dtype))
+
+
+def test_batch_norm_after_a_non_conv_leaves_no_tuples_that_split_a_fused_group():
+    # DenseNet's BN after a concat: decomposed for inference it left `t = (y, mean, var); x = t[0]`
+    # between the ops around it, and a plan fusing them all failed with a cycle when emitted
+    from autofuse import apply
+    from autofuse.plan import FusionPlan
+    from autofuse.tvm_bridge import main_block
+
+    rng = np.random.default_rng(0)
+    c = lambda *shape: relax.const(rng.standard_normal(shape).astype("float32"))  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.concat([x, relax.op.exp(x)], axis=1))
+            var = relax.const(np.abs(rng.standard_normal(16)).astype("float32") + 0.5)
+            bn = bb.emit(relax.op.nn.batch_norm(a, c(16), c(16), c(16), var, axis=1, training=False))
+            out = bb.emit_output(relax.op.nn.relu(relax.TupleGetItem(bn, 0)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    normal = normalize(mod)
+    assert not any(isinstance(b.value, (relax.Tuple, relax.TupleGetItem)) for b in main_block(normal).bindings)
+    graph = extract_graph(normal)
+    fused = apply.apply_plan(normal, graph, FusionPlan.from_groups([range(len(graph))]))
+    feed = rng.standard_normal((1, 8, 4, 4)).astype("float32")
+    np.testing.assert_allclose(_run(fused, feed), _run(mod, feed), rtol=1e-4, atol=1e-5)
