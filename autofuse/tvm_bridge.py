@@ -56,7 +56,10 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     )(mod)
     if _calls_op(mod, "relax.nn.conv2d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
-        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+        # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
+        mod = relax.transform.ConvertLayout(
+            {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+        )(mod)
     # sort/scan ops (cumsum in RoBERTa's position ids, sort, top-k) have no legalization: TVM's
     # pipeline dispatches them to kernels first. The generic (CPU) kernels serve every target:
     # the workload is normalised once, and on CUDA DLight's fallback schedules them.
@@ -262,6 +265,19 @@ def _flops(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, cache: dict[str, float]) -> 
         except Exception:  # the estimator rejects some loop forms; FLOPs are only a feature
             cache[name] = 0.0
     return cache[name]
+
+
+def unlowered_ops(mod: tvm.IRModule) -> list[str]:
+    """Operators of main that LegalizeOps was meant to lower but left as they are (TVM has no
+    kernel for that variant: conv2d_transpose in NHWC, say); the VM cannot run them, so every
+    plan would fail to build. Named with their layout, where they have one."""
+    out = []
+    for b in main_block(mod).bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.get_attr("FLegalize") is not None:
+            layout = getattr(v.attrs, "data_layout", None) if v.attrs is not None else None
+            out.append(f"{v.op.name}" + (f" ({layout})" if layout else ""))
+    return sorted(set(out))
 
 
 def _arg_bytes(arg: relax.Expr) -> int:

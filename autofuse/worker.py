@@ -259,7 +259,8 @@ def _gpu_resources(
 
 
 def _short(err: BaseException) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    # the last line says what failed, but not a TVMScript comment ("# Metadata omitted ...")
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     msg = lines[-1] if lines else type(err).__name__
     return f"{type(err).__name__}: {msg}"[:500]
 

@@ -18,6 +18,7 @@ from autofuse import tvm_bridge
 from autofuse.graph import OpGraph
 from autofuse.importer import InputSpec
 from autofuse.importer import LoadedModel
+from autofuse.importer import ModelError
 from autofuse.importer import load_model
 from autofuse.plan import FusionPlan
 
@@ -62,6 +63,9 @@ def prepare(
     """Import, normalise and analyse a model: everything tuning needs, computed once."""
     loaded = load_model(source, inputs, simplify=simplify)
     mod = tvm_bridge.normalize(loaded.mod)
+    left = tvm_bridge.unlowered_ops(mod)
+    if left:
+        raise ModelError(f"{loaded.source}: TVM has no kernel for operator(s) {', '.join(left)}")
     graph = tvm_bridge.extract_graph(mod)
     if name is None:
         name = Path(str(source)).stem if not isinstance(source, tvm.IRModule) else "module"

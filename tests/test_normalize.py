@@ -94,3 +94,47 @@ def test_batch_norm_after_a_non_conv_leaves_no_tuples_that_split_a_fused_group()
     fused = apply.apply_plan(normal, graph, FusionPlan.from_groups([range(len(graph))]))
     feed = rng.standard_normal((1, 8, 4, 4)).astype("float32")
     np.testing.assert_allclose(_run(fused, feed), _run(mod, feed), rtol=1e-4, atol=1e-5)
+
+
+def _conv_then_transposed_conv(layout="NCHW"):
+    rng = np.random.default_rng(1)
+    c = lambda *shape: relax.const(rng.standard_normal(shape).astype("float32") * 0.3)  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8) if layout == "NCHW" else (1, 8, 8, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            if layout == "NCHW":
+                y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, c(8, 4, 3, 3), padding=1)))
+            up = relax.op.nn.conv2d_transpose(y, c(8 if layout == "NCHW" else 4, 4, 2, 2), strides=2,
+                                              data_layout=layout)
+            out = bb.emit_output(relax.op.nn.relu(up))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_transposed_convolution_beside_channels_last_convolutions_still_builds():
+    # a U-Net's upsampling: ConvertLayout carried NHWC into conv2d_transpose, which TVM 0.27
+    # cannot lower in that layout; every plan of the model failed at VM code generation
+    from autofuse import apply
+    from autofuse.plan import FusionPlan
+    from autofuse.tvm_bridge import unlowered_ops
+
+    mod = _conv_then_transposed_conv()
+    normal = normalize(mod)
+    assert unlowered_ops(normal) == [] and "conv2d_nhwc" in normal.script()
+    graph = extract_graph(normal)
+    fused = apply.apply_plan(normal, graph, FusionPlan.unfused(graph))
+    feed = np.random.default_rng(2).standard_normal((1, 4, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_run(fused, feed), _run(mod, feed), rtol=1e-4, atol=1e-5)
+
+
+def test_an_operator_tvm_cannot_lower_is_named_up_front():
+    from autofuse.importer import ModelError
+    from autofuse.tvm_bridge import unlowered_ops
+    from autofuse.workload import prepare
+
+    mod = _conv_then_transposed_conv("NHWC")
+    assert unlowered_ops(normalize(mod)) == ["relax.nn.conv2d_transpose (NHWC)"]
+    with pytest.raises(ModelError, match=r"no kernel for operator\(s\) relax.nn.conv2d_transpose \(NHWC\)"):
+        prepare(mod)
