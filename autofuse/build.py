@@ -192,7 +192,55 @@ def build(
     `scheduler` None means the target's default: rules on the CPU, DLight on CUDA.
     """
     scheduled = schedule(fused, target, scheduler or default_scheduler(target), database)
-    return compile_scheduled(scheduled, target)
+    return compile_repairing(fused, scheduled, target)[0]
+
+
+def compile_repairing(
+    fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target
+) -> tuple[tvm.runtime.Executable, tvm.IRModule]:
+    """compile_scheduled, and if that fails on the CPU, give each kernel that does not lower
+    alone the next rule-based schedule that does (schedule.schedule_candidates; the plain loop
+    nest last), then compile again. Returns the executable and the kernels it was built from.
+    Checking kernels one by one costs ~40 ms each, so it only runs once a build failed."""
+    try:
+        return compile_scheduled(scheduled, target), scheduled
+    except Exception:
+        if target.kind.name != "llvm":
+            raise
+        repaired = _repair_kernels(fused, scheduled, target)
+        if repaired is None:
+            raise
+    return compile_scheduled(repaired, target), repaired
+
+
+def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
+    from tvm import tirx
+
+    from autofuse.schedule import SCHEDULED_ATTR
+    from autofuse.schedule import schedule_candidates
+    from autofuse.schedule import vector_bits
+    from autofuse.schedule import vector_lanes
+
+    def lowers(gv: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> bool:
+        try:
+            tirx.build(tvm.IRModule({gv: func.with_attr("global_symbol", gv.name_hint)}), target=target)
+        except Exception:  # noqa: BLE001 - any failure: try the next schedule
+            return False
+        return True
+
+    out, changed = scheduled.clone(), False
+    bits = vector_bits(target)
+    for gv, func in scheduled.functions.items():
+        if not isinstance(func, tirx.PrimFunc) or gv.name_hint not in fused or lowers(gv, func):
+            continue
+        plain = fused[gv.name_hint]
+        try:
+            candidates = schedule_candidates(plain, vector_lanes(plain, bits))
+            out[gv] = next((c for c in candidates if lowers(gv, c)), plain.with_attr(SCHEDULED_ATTR, True))
+        except Exception:  # noqa: BLE001 - a rule that raises: the plain loop nest always lowers
+            out[gv] = plain.with_attr(SCHEDULED_ATTR, True)
+        changed = True
+    return out if changed else None
 
 
 def compile_scheduled(scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 
 import tvm
 from tvm import s_tir
@@ -58,7 +59,7 @@ def _uses(expr: object, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
+def vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
     bits = 32
     for buf in func.params:
         dtype = getattr(buf, "dtype", None)
@@ -297,21 +298,24 @@ def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None) -> tirx.PrimFunc
 
     `lanes`: float32 vector width of the target CPU (16 with AVX-512, 8 with AVX2).
     """
-    lanes = lanes or _vector_lanes(func)
-    try:
-        rows = _schedule_rows(func, lanes)
-    except _REFUSED:
-        rows = None
-    if rows is not None:
-        return rows
-    for tile in (True, False):  # register tiling first; the plain schedule if tiling fails
+    return next(schedule_candidates(func, lanes), None)
+
+
+def schedule_candidates(func: tirx.PrimFunc, lanes: int | None = None) -> Iterator[tirx.PrimFunc]:
+    """The rule-based schedules that apply to `func`, best first: a row kernel, register tiles,
+    the plain schedule, parallel outer loops. A schedule TIR accepts can still fail to lower
+    (ShuffleNet's conv + concat + channel shuffle, register-tiled: "buffer used before its
+    definition"); build.compile_repairing then takes the next one for that kernel."""
+    lanes = lanes or vector_lanes(func)
+    makers = (lambda: _schedule_rows(func, lanes), lambda: _schedule(func, lanes, True),
+              lambda: _schedule(func, lanes, False), lambda: _parallel_outer(func))
+    for make in makers:
         try:
-            scheduled = _schedule(func, lanes, tile)
+            scheduled = make()
         except _REFUSED:
             continue
         if scheduled is not None:
-            return scheduled
-    return _parallel_outer(func)
+            yield scheduled
 
 
 def _parallel_outer(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
@@ -634,7 +638,7 @@ class ScheduleCPU:
             if not isinstance(func, tirx.PrimFunc) or SCHEDULED_ATTR in (func.attrs or {}):
                 continue
             try:
-                scheduled = schedule_cpu(func, _vector_lanes(func, self.vector_bits))
+                scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits))
             except Exception:  # a kernel the rule cannot handle stays as it is: correct, slow
                 scheduled = None
             if scheduled is not None:

@@ -69,7 +69,8 @@ class _Session:
         # legality was checked by the parent under the user's limits; here only build it
         fused, kernels = apply.fuse(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
         scheduled = build.schedule(fused, target, scheduler or build.default_scheduler(target), database)
-        return build.compile_scheduled(scheduled, target), target, fused, scheduled, kernels
+        ex, scheduled = build.compile_repairing(fused, scheduled, target)
+        return ex, target, fused, scheduled, kernels
 
     def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
         from autofuse import build
