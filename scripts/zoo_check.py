@@ -1,0 +1,212 @@
+"""Robustness check on architectures autofuse was not developed on.
+
+Each model (torchvision CNNs, recurrent and other hand-written PyTorch modules; random weights,
+small inputs) is exported with both of PyTorch's ONNX exporters (dynamo and TorchScript), then,
+in a process of its own (TVM can abort a process), imported, normalised, and TVM's plan, the
+unfused plan and the tuner's seed plans (SearchSpace.plus_kinds) are built, checked against the
+unfused model and timed in turns in one worker; onnxruntime is timed beside them. No search:
+this is about what every model gets before tuning, and whether anything fails.
+
+    pip install -e ".[bench]" torchvision
+    python scripts/zoo_check.py --out benchmarks/zoo        # RESULTS.md and results.json
+    python scripts/zoo_check.py --models densenet,lstm      # a few
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SMALL_IMAGE = (1, 3, 64, 64)
+
+
+def torch_models() -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """name -> (constructor, input shape)."""
+    import torch
+
+    try:
+        import torchvision.models as tv
+    except RuntimeError:  # a torchvision wheel built for another torch: its C++ ops fail to
+        torch.library.register_fake = lambda *a, **k: (lambda f: f)  # register; the models need none
+        import torchvision.models as tv
+
+    class Recurrent(torch.nn.Module):
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            layers = {"lstm": lambda: torch.nn.LSTM(32, 64, num_layers=2, batch_first=True),
+                      "gru": lambda: torch.nn.GRU(32, 64, batch_first=True, bidirectional=True),
+                      "torch_transformer": lambda: torch.nn.TransformerEncoder(
+                          torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2)}
+            self.inner = layers[kind]()
+
+        def forward(self, x: Any) -> Any:
+            y = self.inner(x)
+            return y[0] if isinstance(y, tuple) else y
+
+    class UNetish(torch.nn.Module):  # strided conv down, transposed conv and bilinear resize up
+        def __init__(self) -> None:
+            super().__init__()
+            self.d1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.d2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.bn = torch.nn.BatchNorm2d(32)
+            self.up = torch.nn.ConvTranspose2d(32, 16, 2, stride=2)
+            self.out = torch.nn.Conv2d(32, 2, 1)
+
+        def forward(self, x: Any) -> Any:
+            a = torch.relu(self.d1(x))
+            b = torch.relu(self.bn(self.d2(a)))
+            u = torch.nn.functional.interpolate(b, scale_factor=2, mode="bilinear", align_corners=False)[:, :16]
+            return self.out(torch.cat([a, self.up(b) + u], 1))
+
+    class Conv1d(torch.nn.Module):  # audio-style: 1-D convs, GroupNorm, depthwise
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Conv1d(16, 64, 5, padding=2), torch.nn.GELU(), torch.nn.GroupNorm(8, 64),
+                torch.nn.Conv1d(64, 64, 3, padding=1, groups=64), torch.nn.SiLU(), torch.nn.AdaptiveAvgPool1d(1))
+
+        def forward(self, x: Any) -> Any:
+            return self.body(x).flatten(1)
+
+    return {
+        "squeezenet": (tv.squeezenet1_1, SMALL_IMAGE),
+        "shufflenet": (tv.shufflenet_v2_x0_5, SMALL_IMAGE),
+        "mnasnet": (tv.mnasnet0_5, SMALL_IMAGE),
+        "mobilenetv3": (tv.mobilenet_v3_small, SMALL_IMAGE),
+        "densenet": (tv.densenet121, SMALL_IMAGE),
+        "googlenet": (lambda: tv.googlenet(aux_logits=False, init_weights=True), SMALL_IMAGE),
+        "resnext": (tv.resnext50_32x4d, SMALL_IMAGE),
+        "regnet_y": (tv.regnet_y_400mf, SMALL_IMAGE),
+        "efficientnet_b0": (tv.efficientnet_b0, SMALL_IMAGE),
+        "lraspp": (lambda: tv.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None),
+                   SMALL_IMAGE),
+        "lstm": (lambda: Recurrent("lstm"), (1, 16, 32)),
+        "gru": (lambda: Recurrent("gru"), (1, 16, 32)),
+        "torch_transformer": (lambda: Recurrent("torch_transformer"), (1, 16, 64)),
+        "unetish": (UNetish, SMALL_IMAGE),
+        "conv1d": (Conv1d, (1, 16, 128)),
+    }
+
+
+def export(name: str, models_dir: Path) -> list[tuple[str, Path | str]]:
+    """(exporter, ONNX path or the export error) for both exporters."""
+    import torch
+
+    make, shape = torch_models()[name]
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(*shape)
+    out: list[tuple[str, Path | str]] = []
+    for exporter, dynamo in (("dynamo", True), ("torchscript", False)):
+        path = models_dir / f"{name}_{exporter}.onnx"
+        try:
+            if not path.exists():
+                torch.onnx.export(model, (x,), str(path), dynamo=dynamo, input_names=["x"],
+                                  opset_version=18 if dynamo else 17)
+            out.append((exporter, path))
+        except Exception as err:  # an exporter failing is the exporter's problem: reported
+            out.append((exporter, f"export failed: {str(err).strip().splitlines()[0][:200]}"))
+    return out
+
+
+def check_one(path: str) -> dict[str, Any]:
+    """Import `path`, build, check and time its plans in one worker, time onnxruntime."""
+    from autofuse.baselines import time_onnxruntime
+    from autofuse.build import MeasureConfig
+    from autofuse.decision import paired_speedup
+    from autofuse.importer import random_inputs
+    from autofuse.measure import IsolatedMeasurer
+    from autofuse.space import SearchSpace
+    from autofuse.workload import prepare
+
+    t0 = time.perf_counter()
+    try:
+        w = prepare(path)
+    except Exception as err:
+        return {"status": "import_error", "error": str(err).strip().splitlines()[-1][:300]}
+    default = w.tvm_default()
+    plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
+    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m:
+        results = m.measure_together(plans)
+    rows = {p.name: r for p, r in zip(plans, results)}
+    base = rows["tvm_default"]
+    out: dict[str, Any] = {"status": "ok", "ops": len(w.graph.nodes), "plans": {}}
+    for name, r in rows.items():
+        vs = paired_speedup(base, r) if base.ok and r.ok else None
+        out["plans"][name] = {"status": r.status, "median_s": r.median_s, "vs_tvm_default": vs,
+                              "kernels": len(set(r.kernels)), "error": r.error}
+    if w.loaded.onnx_model is not None:
+        feeds = random_inputs(w.inputs)
+        ort = sorted(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=10))
+        out["onnxruntime_s"] = ort[len(ort) // 2]
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _row(name: str, exporter: str, res: dict[str, Any]) -> str:
+    if res.get("status") != "ok":
+        return f"| {name} | {exporter} | - | {res.get('status')}: {res.get('error', '')} | | | | | |"
+    plans = res["plans"]
+    failed = [f"{k} {v['status']}" for k, v in plans.items() if v["status"] != "ok"]
+    ok = {k: v for k, v in plans.items() if v["status"] == "ok"}
+    best = min(ok, key=lambda k: ok[k]["median_s"]) if ok else None
+    us = lambda s: f"{s * 1e6:,.1f}" if s else "-"  # noqa: E731
+    default = plans.get("tvm_default", {})
+    ort = res.get("onnxruntime_s")
+    best_s = ok[best]["median_s"] if best else None
+    vs = ok[best].get("vs_tvm_default") if best else None
+    return (f"| {name} | {exporter} | {res['ops']} | {len(ok)}/{len(plans)} ok"
+            + (f" ({'; '.join(failed)})" if failed else "")
+            + f" | {us(plans.get('unfused', {}).get('median_s'))} | {us(default.get('median_s'))}"
+            + f" | {best} {f'{vs:.2f}x' if vs else ''} | {us(ort)}"
+            + f" | {f'{ort / best_s:.2f}x' if ort and best_s else '-'} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="all", help="comma list (default: all)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/zoo"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: check one ONNX file, print JSON
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(check_one(args.one)), flush=True)
+        return 0
+    os.environ["TVM_NUM_THREADS"] = os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
+    names = list(torch_models()) if args.models == "all" else args.models.split(",")
+    (args.out / "models").mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    lines = ["| model | exporter | ops | plans built and checked | unfused us | tvm_default us | best plan (paired vs tvm_default) | onnxruntime us | ORT / best |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        for exporter, path in export(name, args.out / "models"):
+            print(f"== {name} ({exporter})", file=sys.stderr, flush=True)
+            if isinstance(path, str):
+                res: dict[str, Any] = {"status": "export_error", "error": path}
+            else:
+                proc = subprocess.run([sys.executable, __file__, "--one", str(path)], capture_output=True, text=True,
+                                      timeout=1800)
+                found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                res = json.loads(found[-1][7:]) if found else {
+                    "status": "crashed", "error": f"exit code {proc.returncode}: {proc.stderr.strip()[-200:]}"}
+            results.append({"model": name, "exporter": exporter, **res})
+            lines.append(_row(name, exporter, res))
+            print(lines[-1], file=sys.stderr, flush=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = (f"# Architectures autofuse was not developed on\n\nGenerated {stamp} by `python scripts/zoo_check.py "
+            f"{' '.join(sys.argv[1:])}`: TVM's plan, the unfused plan and the tuner's seed plans built, checked "
+            "against the unfused model and timed in turns in one worker (median of 10 samples; 'paired' is the "
+            "median ratio of samples taken back to back), with rule-based schedules, no search; onnxruntime "
+            "timed in the same process run, same threads.\n\n" + "\n".join(lines) + "\n")
+    (args.out / "RESULTS.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
