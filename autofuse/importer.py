@@ -21,6 +21,8 @@ import onnx
 import tvm
 from tvm import relax
 
+from autofuse import onnx_rnn
+
 DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
 
 
@@ -183,7 +185,7 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """Nodes TVM's ONNX frontend has no converter for, as 'name (OpType, domain opset N)'."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    supported = set(_get_convert_map()) | {"Constant", "If"}
+    supported = set(_get_convert_map()) | set(onnx_rnn.CONVERTERS) | {"Constant", "If"}
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     out = []
     for node in model.graph.node:
@@ -211,7 +213,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        with _relax_clip():
+        with _relax_clip(), onnx_rnn.registered():
             mod = from_onnx(
                 model,
                 shape_dict={s.name: list(s.shape) for s in specs},

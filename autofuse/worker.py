@@ -280,9 +280,14 @@ def serve(conn: Connection, module_json_path: str, inputs: list[dict[str, Any]])
             return
         try:
             result = handle(session, req, conn)
+        except (BrokenPipeError, EOFError):  # the parent gave up on this request (timeout, exit)
+            return
         except Exception as err:  # never let one plan take the worker down
             result = {"status": "runtime_error", "error": _short(err)}
-        conn.send(("result", result))
+        try:
+            conn.send(("result", result))
+        except (BrokenPipeError, EOFError, OSError):  # the parent stopped waiting: nothing to tell
+            return
 
 
 if __name__ == "__main__":
