@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -145,8 +146,9 @@ class DLightWithFallback:
 
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
         target = tvm.target.Target.current()
-        lower, _, _ = tirx.get_default_tir_pipeline(target)
+        pipeline, _, _ = tirx.get_default_tir_pipeline(target)
         bind = tirx.transform.BindTarget(target.with_host(target.host or "llvm"))
+        lower = lambda m: pipeline(bind(m))  # noqa: E731 - TIR's passes, no code generation
         out = mod.clone()
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
@@ -157,7 +159,7 @@ class DLightWithFallback:
                 except Exception:  # the rule cannot schedule this kernel: try the next one
                     continue
                 scheduled = one[gv.name_hint]
-                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs and _lowers(gv, scheduled, bind, lower):
+                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs and _lowers(gv, scheduled, lower):
                     out[gv] = scheduled
                     break
             else:
@@ -165,10 +167,12 @@ class DLightWithFallback:
         return out
 
 
-def _lowers(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc, bind: tvm.transform.Pass, lower: tvm.transform.Pass) -> bool:
+def _lowers(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc, lower: Callable[[tvm.IRModule], object]) -> bool:
+    """Whether `lower` accepts the kernel alone (a scheduled kernel can pass TIR's schedule
+    checks and still fail in lowering)."""
     try:
-        lower(bind(tvm.IRModule({gv: func.with_attr("global_symbol", gv.name_hint)})))
-    except Exception:  # noqa: BLE001 - any lowering failure means: not this rule's schedule
+        lower(tvm.IRModule({gv: func.with_attr("global_symbol", gv.name_hint)}))
+    except Exception:  # noqa: BLE001 - any failure means: not this schedule
         return False
     return True
 
@@ -221,22 +225,18 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
     from autofuse.schedule import vector_bits
     from autofuse.schedule import vector_lanes
 
-    def lowers(gv: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> bool:
-        try:
-            tirx.build(tvm.IRModule({gv: func.with_attr("global_symbol", gv.name_hint)}), target=target)
-        except Exception:  # noqa: BLE001 - any failure: try the next schedule
-            return False
-        return True
+    def lower(m: tvm.IRModule) -> object:  # on the CPU the TIR passes need the whole build
+        return tirx.build(m, target=target)
 
     out, changed = scheduled.clone(), False
     bits = vector_bits(target)
     for gv, func in scheduled.functions.items():
-        if not isinstance(func, tirx.PrimFunc) or gv.name_hint not in fused or lowers(gv, func):
+        if not isinstance(func, tirx.PrimFunc) or gv.name_hint not in fused or _lowers(gv, func, lower):
             continue
         plain = fused[gv.name_hint]
         try:
             candidates = schedule_candidates(plain, vector_lanes(plain, bits))
-            out[gv] = next((c for c in candidates if lowers(gv, c)), plain.with_attr(SCHEDULED_ATTR, True))
+            out[gv] = next((c for c in candidates if _lowers(gv, c, lower)), plain.with_attr(SCHEDULED_ATTR, True))
         except Exception:  # noqa: BLE001 - a rule that raises: the plain loop nest always lowers
             out[gv] = plain.with_attr(SCHEDULED_ATTR, True)
         changed = True

@@ -47,7 +47,9 @@ def runtime_copy(dest: Path, python: str = "3.12") -> None:
     import tvm
     import tvm_ffi
 
-    ignore = shutil.ignore_patterns(*_DROP)
+    def ignore(_dir: str, names: list[str]) -> list[str]:
+        return [n for n in names if _dropped(n)]
+
     shutil.copytree(Path(tvm.__file__).parent, dest / "tvm", ignore=ignore)
     if python == "local":
         import typing_extensions

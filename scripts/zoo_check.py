@@ -15,6 +15,7 @@ this is about what every model gets before tuning, and whether anything fails.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 SMALL_IMAGE = (1, 3, 64, 64)
 
 
+@functools.cache
 def torch_models() -> dict[str, tuple[Any, tuple[int, ...]]]:
     """name -> (constructor, input shape)."""
     import torch
