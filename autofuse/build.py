@@ -221,6 +221,7 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
     from tvm import tirx
 
     from autofuse.schedule import SCHEDULED_ATTR
+    from autofuse.schedule import accumulators
     from autofuse.schedule import schedule_candidates
     from autofuse.schedule import vector_bits
     from autofuse.schedule import vector_lanes
@@ -235,7 +236,7 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
             continue
         plain = fused[gv.name_hint]
         try:
-            candidates = schedule_candidates(plain, vector_lanes(plain, bits))
+            candidates = schedule_candidates(plain, vector_lanes(plain, bits), accumulators(bits))
             out[gv] = next((c for c in candidates if _lowers(gv, c, lower)), plain.with_attr(SCHEDULED_ATTR, True))
         except Exception:  # noqa: BLE001 - a rule that raises: the plain loop nest always lowers
             out[gv] = plain.with_attr(SCHEDULED_ATTR, True)

@@ -128,16 +128,21 @@ def _schedule_reduction(
     lanes: int,
     tile: bool,
     s_vars: list[str],
+    acc: int,
 ) -> s_tir.schedule.LoopRV | None:
+    # register tiles only where an input is reused across an output axis (matmul, conv): a
+    # pooling window has nothing to keep in registers, and its tile ran 5x slower than the
+    # plain loop (SqueezeNet's 3x3 max pool: 108 vs 21 us)
+    tile = tile and _reuses_inputs(sch, block)
     if tile and len(s_loops) >= 2:
-        par = _gemm_tiles(sch, block, s_loops, r_loops, lanes, _row_loop(sch, block, s_vars), s_vars[-1])
+        par = _gemm_tiles(sch, block, s_loops, r_loops, lanes, _row_loop(sch, block, s_vars), s_vars, acc)
         if par is not None:
             return par
-    if tile and len(s_loops) == 1 and _reuses_inputs(sch, block):
+    if tile and len(s_loops) == 1:
         # one output row (a batch-1 classifier head, x[1, K] @ W[K, N]; unit axes are dropped):
         # a unit row gives it the register tile, k outside and N vectorised, instead of a dot
         # product per output down a strided column of W (EfficientNet's 1280x1000 head: 1.3 ms)
-        par = _gemm_tiles(sch, block, [sch.add_unit_loop(block), *s_loops], r_loops, lanes, 0, s_vars[-1])
+        par = _gemm_tiles(sch, block, [sch.add_unit_loop(block), *s_loops], r_loops, lanes, 0, ["", *s_vars], acc)
         if par is not None:
             return par
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
@@ -182,9 +187,18 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
 # divides it
 SERIAL_INNER = 64
 
-# accumulator registers a register tile may use (AVX-512 has 32 vector registers, AVX2 16;
-# the rest hold the broadcast input and the weight vectors)
+# accumulator registers a register tile may use; the rest hold the broadcast inputs, the weight
+# vectors and LLVM's temporaries. AVX-512 has 32 vector registers: 16 accumulators (an 8x2 tile)
+# swept best on the benchmark models. AVX2 has 16: that tile spilled its accumulators to the
+# stack on every step of the reduction; 12 (6x2) fit, and ran the transformer block's GEMMs
+# 1.5-2x faster (sum of its kernels 63 -> 39 us; 8 accumulators: 41 us, and ViT's 17-token
+# GEMMs 1.3x slower than with 12).
 ACCUMULATORS = 16
+
+
+def accumulators(vector_bits: int) -> int:
+    """Accumulator registers for a CPU of the given SIMD width (see ACCUMULATORS)."""
+    return ACCUMULATORS if vector_bits >= 512 else ACCUMULATORS * 3 // 4
 
 
 def _gemm_tiles(
@@ -194,15 +208,16 @@ def _gemm_tiles(
     r_loops: list,
     lanes: int,
     row: int,
-    j_var: str,
+    s_vars: list[str],
+    acc: int,
 ) -> s_tir.schedule.LoopRV | None:
     """Register tiles for matmul/conv-like blocks: a (rows x 1-2 vectors) accumulator kept in a
     local buffer across the whole reduction, rows unrolled, columns vectorised; tiles in
-    parallel."""
+    parallel. `acc`: accumulator registers (see ACCUMULATORS)."""
     i, j = s_loops[row], s_loops[-1]
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
-    width = _lane_width(sch, block, j_var, ext_j, lanes)
+    width = _lane_width(sch, block, s_vars[-1], ext_j, lanes)
     if width is None and ext_j is not None and others and row != len(s_loops) - 2:
         # small images (4x4, 8x8 feature maps): vectorise over the fused image rows and columns
         j = sch.fuse(others.pop(), j)
@@ -210,26 +225,80 @@ def _gemm_tiles(
         width = _vector_width(ext_j, lanes)
     if ext_i is None or ext_j is None or width is None:
         return None
-    tj = 2 * width if ext_j % (2 * width) == 0 else width
+    vectors = ext_j // width
     if ext_i == 1:  # one row: the accumulators go to columns, whole cache lines of B per k
-        tj = width * max(v for v in range(1, ACCUMULATORS // 2 + 1) if (ext_j // width) % v == 0)
-    ti = _row_tile(ext_i, ACCUMULATORS // (tj // width))
-    io, ii = sch.split(i, [None, ti])  # a partial last tile is predicated
+        ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
+    else:
+        ti, tv = _tile_shape(ext_i, vectors, acc)
+    tj = tv * width
+    pads: tuple[list, list] = ([], [])
+    if ext_i % ti and j is s_loops[-1]:
+        padded = _pad_rows(sch, block, row, ti)
+        if padded is not None:
+            pads, s_loops, r_loops = padded
+            i, j = s_loops[row], s_loops[-1]
+            others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
+    io, ii = sch.split(i, [None, ti])  # without padding, a partial last tile is predicated
     jo, ji = sch.split(j, [None, tj])
     sch.reorder(*others, io, jo, *r_loops, ii, ji)
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
     par = sch.fuse(*others, io, jo)
     if parallel:
         sch.parallel(par)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, par)
+    local = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(local, par)
     sch.unroll(ii)
     jio, jii = sch.split(ji, [None, width])
     sch.unroll(jio)
     sch.vectorize(jii)
     sch.decompose_reduction(block, r_loops[0])
-    _vectorize_inner(sch, acc, width)
+    _vectorize_inner(sch, local, width)
+    producers, crops = pads
+    for pad in producers:  # copied once, not by every column tile
+        _schedule_spatial(sch, pad, sch.get_loops(pad), lanes)
+    for crop in crops:  # and writes back its rows of the output
+        sch.reverse_compute_at(crop, par)
+        _vectorize_inner(sch, crop, width)
     return par
+
+
+def _pad_rows(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row: int, ti: int
+) -> tuple[tuple[list, list], list, list] | None:
+    """Pad a matmul-like block's `row`-th spatial axis to a multiple of the tile's rows, so that
+    no tile is predicated: a predicated row keeps its accumulator in memory, loaded and stored
+    at every step of the reduction (ViT's 17 tokens in 3-row tiles with a bias epilogue: 59 us
+    for a 17x128x512 matmul, 25 us for 16 rows). TIR's pad_einsum copies the rows into a
+    zero-padded buffer and the result back; a block that is not an einsum (a convolution's
+    input indexed by h + kh) is left as it was (None). Returns ((input copies, output copies),
+    the block's new spatial loops, its new reduction loops)."""
+    blk = sch.get(block)
+    spatial = [k for k, iv in enumerate(blk.iter_vars) if int(iv.iter_type) == 0]
+    padding = [1] * len(blk.iter_vars)
+    padding[spatial[row]] = ti
+    before = {sch.get(b).name_hint for b in sch.get_producers(block)}
+    try:
+        sch.pad_einsum(block, padding)
+    except _REFUSED:
+        return None
+    producers = [b for b in sch.get_producers(block) if sch.get(b).name_hint not in before]
+    loops = sch.get_loops(block)
+    return ((producers, list(sch.get_consumers(block))), [loops[k] for k in spatial],
+            [lp for k, lp in enumerate(loops) if k not in spatial])
+
+
+def _tile_shape(rows: int, vectors: int, acc: int) -> tuple[int, int]:
+    """(rows, vectors) of a register tile over `rows` x `vectors` outputs: two vectors wide where
+    they divide the columns, unless one vector with more rows reuses loads better (AVX2's 12
+    accumulators over a 7-row image: 7x1 rather than 1x2)."""
+    shapes = [(_row_tile(rows, acc // v), v) for v in (2, 1) if vectors % v == 0]
+    return max(shapes, key=lambda s: _tile_score(*s, rows))
+
+
+def _tile_score(ti: int, tv: int, rows: int) -> float:
+    """FMAs per load of a ti x tv tile (ti broadcasts and tv vector loads feed ti*tv FMAs),
+    discounted by the padding of the last tile."""
+    return ti * tv / (ti + tv) * rows / (-(-rows // ti) * ti)
 
 
 def _lane_width(
@@ -269,9 +338,13 @@ def _lanes_share(region: object, jv: tirx.Var, width: int, blocks: int, ana: obj
 
 
 def _row_tile(rows: int, most: int) -> int:
-    """Rows per register tile: the most (up to `most`) whose padding of the last tile wastes at
-    most 1/8 of the work, so a prime row count (ViT's 17 or 197 tokens) still gets a 6- or
-    8-row tile rather than one row at a time."""
+    """Rows per register tile, at most `most`: the largest of at least 4 that divides the rows
+    (128 tokens: 4x2 tiles ran 1.25x faster than padded 6x2 ones on AVX2); else the largest
+    whose padding of the last tile wastes at most 1/8 of the work, so a prime row count (ViT's
+    17 or 197 tokens) still gets a 6- or 8-row tile rather than one row at a time."""
+    exact = [t for t in range(4, min(most, rows) + 1) if rows % t == 0]
+    if exact:
+        return exact[-1]
     for t in range(min(most, rows), 1, -1):
         if (-rows % t) * 8 <= rows:
             return t
@@ -293,22 +366,25 @@ def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes:
         pass
 
 
-def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None) -> tirx.PrimFunc | None:
+def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None, acc: int = ACCUMULATORS) -> tirx.PrimFunc | None:
     """A scheduled copy of `func`, or None if the rule does not apply (left as it is).
 
-    `lanes`: float32 vector width of the target CPU (16 with AVX-512, 8 with AVX2).
+    `lanes`: float32 vector width of the target CPU (16 with AVX-512, 8 with AVX2); `acc`: the
+    accumulator registers of a register tile (`accumulators(vector_bits)`).
     """
-    return next(schedule_candidates(func, lanes), None)
+    return next(schedule_candidates(func, lanes, acc), None)
 
 
-def schedule_candidates(func: tirx.PrimFunc, lanes: int | None = None) -> Iterator[tirx.PrimFunc]:
+def schedule_candidates(
+    func: tirx.PrimFunc, lanes: int | None = None, acc: int = ACCUMULATORS
+) -> Iterator[tirx.PrimFunc]:
     """The rule-based schedules that apply to `func`, best first: a row kernel, register tiles,
     the plain schedule, parallel outer loops. A schedule TIR accepts can still fail to lower
     (ShuffleNet's conv + concat + channel shuffle, register-tiled: "buffer used before its
     definition"); build.compile_repairing then takes the next one for that kernel."""
     lanes = lanes or vector_lanes(func)
-    makers = (lambda: _schedule_rows(func, lanes), lambda: _schedule(func, lanes, True),
-              lambda: _schedule(func, lanes, False), lambda: _parallel_outer(func))
+    makers = (lambda: _schedule_rows(func, lanes, acc), lambda: _schedule(func, lanes, True, acc),
+              lambda: _schedule(func, lanes, False, acc), lambda: _parallel_outer(func))
     for make in makers:
         try:
             scheduled = make()
@@ -339,7 +415,7 @@ def _parallel_outer(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     return sch.mod["main"].with_attr(SCHEDULED_ATTR, True) if changed else None
 
 
-def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | None:
+def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.PrimFunc | None:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline
 
@@ -350,7 +426,9 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
     # padding stays a block of its own: inlined, its bounds test sits in the innermost loop of
     # the convolution and defeats vectorisation; materialised, it is one cheap copy. A "pad" of
     # zero width (1x1 convolutions) is a plain copy and is inlined like any elementwise block.
-    pads = [i for i in infos if _is_padding(sch, i.block_rv)]
+    # A pooling window's padding is inlined: its test depends on the image position only, not
+    # on the vectorised channels (SqueezeNet's 3x3 max pool: 11 -> 4.5 us).
+    pads = [i for i in infos if _is_padding(sch, i.block_rv) and _feeds_product(sch, i.block_rv)]
     # arithmetic feeding a matmul/conv stays a stage of its own: inlined, it would be recomputed
     # for every output that reads its value (a GELU before a projection: 128 times per element,
     # 5 -> 136 us in BERT); copies, reshapes and transposes inline as index arithmetic
@@ -375,7 +453,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool) -> tirx.PrimFunc | No
             _schedule_spatial(sch, block, s_loops, lanes)
         else:
             s_vars = [str(it.var) for it, k in zip(info.iters, kinds) if k == "S"]
-            par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars)
+            par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars, acc)
             if par is not None:  # decompose_reduction and cache_write add blocks consumers read
                 for inside in sch.get_child_blocks(par):
                     anchors[sch.get(inside).name_hint] = par
@@ -429,7 +507,7 @@ def _nest_work(sch: s_tir.Schedule) -> int:
     return sum(math.prod(_extent(sch, lp) or 1 for lp in sch.get_loops(b)) for b in blocks)
 
 
-def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
+def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc | None:
     """Kernels of reductions over the innermost axis and their neighbours (softmax, layer norm,
     fused chains of them, and the matmuls around them: attention's Q K^T -> softmax -> V, an
     MLP's layers before its softmax): every stage computed one row at a time under one
@@ -493,7 +571,7 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
         head = trial.get_loops(sink)[:depth]
         # a tile of rows must not straddle the next outer index (a head's last rows and the
         # next head's first): compute_at would cover both heads whole
-        tile = _product_rows(trial, products, _extent(trial, head[-1]), lanes)
+        tile = _product_rows(trial, products, _extent(trial, head[-1]), lanes, acc)
         row = trial.fuse(*head) if depth > 1 else head[0]
         if tile > 1:  # several rows at once: independent accumulators hide the FMA latency
             row, _ = trial.split(row, [None, tile])
@@ -513,11 +591,11 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc | None:
         if trial.get(b).name_hint in tail_names:
             _vectorize_inner(trial, b, lanes)
         else:
-            _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials))
+            _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials), acc)
     return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 
-def _product_rows(sch: s_tir.Schedule, products: list, rows: int | None, lanes: int) -> int:
+def _product_rows(sch: s_tir.Schedule, products: list, rows: int | None, lanes: int, acc: int) -> int:
     """Rows a row kernel with matmul-like stages computes together: each stage then keeps
     rows x vectors accumulators in registers (one row's single chain of FMAs waits on latency).
     Only exact divisors: compute_at drops a partial tile's predicate."""
@@ -527,10 +605,12 @@ def _product_rows(sch: s_tir.Schedule, products: list, rows: int | None, lanes: 
     for b in products:
         spatial = [iv for iv in sch.get(b).iter_vars if int(iv.iter_type) == 0]
         width = max(width, -(-int(spatial[-1].dom.extent) // lanes))
-    return next((t for t in (4, 2) if rows % t == 0 and t * width <= ACCUMULATORS), 1)
+    return next((t for t in (4, 2) if rows % t == 0 and t * width <= acc), 1)
 
 
-def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, partial: bool) -> None:
+def _vectorize_row_stage(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, partial: bool, acc: int
+) -> None:
     """Vectorise one stage inside the row loop (the first loop of every stage): elementwise
     stages along their innermost axis, partial reductions along their lanes."""
     loops = sch.get_loops(block)
@@ -558,7 +638,7 @@ def _vectorize_row_stage(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, la
         sch.reorder(*steps, *spatial)
         _vectorize_inner(sch, block, lanes)  # before the init leaves the reduction loop
         outputs = sch.get_loops(block)[1 + len(steps):-1]
-        if math.prod(_extent(sch, lp) or ACCUMULATORS for lp in outputs) <= ACCUMULATORS:
+        if math.prod(_extent(sch, lp) or acc for lp in outputs) <= acc:
             for lp in outputs:  # a few rows and vectors of output: accumulators stay in registers
                 sch.unroll(lp)
         sch.decompose_reduction(block, steps[0])
@@ -638,7 +718,7 @@ class ScheduleCPU:
             if not isinstance(func, tirx.PrimFunc) or SCHEDULED_ATTR in (func.attrs or {}):
                 continue
             try:
-                scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits))
+                scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits), accumulators(self.vector_bits))
             except Exception:  # a kernel the rule cannot handle stays as it is: correct, slow
                 scheduled = None
             if scheduled is not None:

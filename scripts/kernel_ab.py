@@ -1,0 +1,73 @@
+"""Time TVM's plan's kernels alone under several register-tile budgets, in turns.
+
+The rule-based CPU schedule sizes its register tiles by `accumulators(vector_bits)`; this puts
+the candidates side by side on this machine, kernel by kernel, so that a choice is measured
+rather than guessed (kernels v8: 16 accumulators on AVX-512, 12 on AVX2).
+
+    python scripts/kernel_ab.py MODEL.onnx [--acc 16,12,8] [--rounds 6] [--top 12]
+
+Each kernel is compiled once per budget; every round times every variant once (median of 5
+repeats of at least 20 ms), and the table reports the median over rounds. Set TVM_NUM_THREADS
+as the measurement worker does (autofuse.build.cpu_threads) to compare like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from autofuse.apply import fuse
+from autofuse.build import make_target
+from autofuse.schedule import schedule_candidates
+from autofuse.schedule import vector_bits
+from autofuse.schedule import vector_lanes
+from autofuse.workload import prepare
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--acc", default="16,12,8", help="accumulator budgets to compare, the first is the base")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--top", type=int, default=12, help="kernels to list (slowest first)")
+    args = ap.parse_args()
+    accs = [int(a) for a in args.acc.split(",")]
+
+    w = prepare(args.model)
+    target = make_target("llvm")
+    bits = vector_bits(target)
+    fused, _ = fuse(w.mod, w.graph, w.tvm_default())
+    variants = {}
+    for gv, func in fused.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            for acc in accs:
+                scheduled = next(schedule_candidates(func, vector_lanes(func, bits), acc), None) or func
+                variants[(gv.name_hint, acc)] = scheduled.with_attr("global_symbol", f"{gv.name_hint}__{acc}")
+    lib = tvm.compile(tvm.IRModule({f"{n}__{a}": f for (n, a), f in variants.items()}), target=target).jit()
+
+    dev, rng = tvm.cpu(), np.random.default_rng(0)
+    buffers = {}
+    for (name, _), func in variants.items():
+        if name not in buffers:
+            shapes = [([int(d) for d in b.shape], str(b.dtype)) for b in func.params]
+            buffers[name] = [tvm.runtime.tensor(rng.standard_normal(s).astype(t), dev) for s, t in shapes]
+    samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
+    for _ in range(args.rounds):
+        for name, acc in variants:
+            timer = lib.time_evaluator(f"{name}__{acc}", dev, number=1, repeat=5, min_repeat_ms=20)
+            samples[(name, acc)].append(float(np.median(timer(*buffers[name]).results)) * 1e6)
+
+    names = list(dict.fromkeys(n for n, _ in variants))
+    us = {n: [float(np.median(samples[(n, a)])) for a in accs] for n in names}
+    print(f"{target.attrs.get('mcpu', '')}, {bits}-bit vectors; kernel us, median of {args.rounds} rounds")
+    print(f"{'kernel':60s}" + "".join(f"{'acc ' + str(a):>10s}" for a in accs))
+    for n in sorted(names, key=lambda n: -max(us[n]))[: args.top]:
+        print(f"{n[:60]:60s}" + "".join(f"{t:10.1f}" for t in us[n]))
+    print(f"{'sum of all ' + str(len(names)) + ' kernels':60s}" + "".join(f"{sum(us[n][k] for n in names):10.1f}" for k in range(len(accs))))
+
+
+if __name__ == "__main__":
+    main()
