@@ -331,6 +331,17 @@ def kernel_hash(mod: tvm.IRModule, name: str) -> str:
     return f"{structural_hash(prim) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+def kernel_args(prim: tvm.tirx.PrimFunc, dev: tvm.runtime.Device, rng: np.random.Generator) -> list:
+    """Buffers to run one PrimFunc alone: random floats, zeros for integers (indices stay in
+    bounds)."""
+    args = []
+    for buf in prim.params:  # in TVM 0.27 a PrimFunc's params are its buffers
+        shape = [int(d) for d in buf.shape]
+        data = rng.standard_normal(shape) if "float" in str(buf.dtype) else np.zeros(shape)
+        args.append(tvm.runtime.tensor(data.astype(str(buf.dtype)), dev))
+    return args
+
+
 def time_kernels(
     mod: tvm.IRModule, names: Sequence[str], target: tvm.target.Target, config: MeasureConfig
 ) -> dict[str, float]:
@@ -345,11 +356,7 @@ def time_kernels(
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
     for name, prim in funcs.items():
-        args = []
-        for buf in prim.params:  # in TVM 0.27 a PrimFunc's params are its buffers
-            shape = [int(d) for d in buf.shape]
-            data = rng.standard_normal(shape) if "float" in str(buf.dtype) else np.zeros(shape)
-            args.append(tvm.runtime.tensor(data.astype(str(buf.dtype)), dev))
+        args = kernel_args(prim, dev, rng)
         timer = lib.time_evaluator(
             name, dev, number=config.number, repeat=max(3, config.repeat // 2),
             min_repeat_ms=config.min_repeat_ms,

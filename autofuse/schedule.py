@@ -231,11 +231,12 @@ def _gemm_tiles(
     else:
         ti, tv = _tile_shape(ext_i, vectors, acc)
     tj = tv * width
-    pads: tuple[list, list] = ([], [])
+    copies_in: list = []
+    copies_out: list = []
     if ext_i % ti and j is s_loops[-1]:
         padded = _pad_rows(sch, block, row, ti)
         if padded is not None:
-            pads, s_loops, r_loops = padded
+            copies_in, copies_out, s_loops, r_loops = padded
             i, j = s_loops[row], s_loops[-1]
             others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     io, ii = sch.split(i, [None, ti])  # without padding, a partial last tile is predicated
@@ -253,25 +254,24 @@ def _gemm_tiles(
     sch.vectorize(jii)
     sch.decompose_reduction(block, r_loops[0])
     _vectorize_inner(sch, local, width)
-    producers, crops = pads
-    for pad in producers:  # copied once, not by every column tile
-        _schedule_spatial(sch, pad, sch.get_loops(pad), lanes)
-    for crop in crops:  # and writes back its rows of the output
-        sch.reverse_compute_at(crop, par)
-        _vectorize_inner(sch, crop, width)
+    for copy in copies_in:  # the padded input: copied once, not by every column tile
+        _schedule_spatial(sch, copy, sch.get_loops(copy), lanes)
+    for copy in copies_out:  # each tile writes back its rows of the output
+        sch.reverse_compute_at(copy, par)
+        _vectorize_inner(sch, copy, width)
     return par
 
 
 def _pad_rows(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row: int, ti: int
-) -> tuple[tuple[list, list], list, list] | None:
+) -> tuple[list, list, list, list] | None:
     """Pad a matmul-like block's `row`-th spatial axis to a multiple of the tile's rows, so that
     no tile is predicated: a predicated row keeps its accumulator in memory, loaded and stored
     at every step of the reduction (ViT's 17 tokens in 3-row tiles with a bias epilogue: 59 us
     for a 17x128x512 matmul, 25 us for 16 rows). TIR's pad_einsum copies the rows into a
     zero-padded buffer and the result back; a block that is not an einsum (a convolution's
-    input indexed by h + kh) is left as it was (None). Returns ((input copies, output copies),
-    the block's new spatial loops, its new reduction loops)."""
+    input indexed by h + kh) is left as it was (None). Returns the input copies, the output
+    copies, the block's new spatial loops and its new reduction loops."""
     blk = sch.get(block)
     spatial = [k for k, iv in enumerate(blk.iter_vars) if int(iv.iter_type) == 0]
     padding = [1] * len(blk.iter_vars)
@@ -283,7 +283,7 @@ def _pad_rows(
         return None
     producers = [b for b in sch.get_producers(block) if sch.get(b).name_hint not in before]
     loops = sch.get_loops(block)
-    return ((producers, list(sch.get_consumers(block))), [loops[k] for k in spatial],
+    return (producers, list(sch.get_consumers(block)), [loops[k] for k in spatial],
             [lp for k, lp in enumerate(loops) if k not in spatial])
 
 

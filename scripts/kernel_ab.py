@@ -20,6 +20,7 @@ import tvm
 from tvm import tirx
 
 from autofuse.apply import fuse
+from autofuse.build import kernel_args
 from autofuse.build import make_target
 from autofuse.schedule import schedule_candidates
 from autofuse.schedule import vector_bits
@@ -52,8 +53,7 @@ def main() -> None:
     buffers = {}
     for (name, _), func in variants.items():
         if name not in buffers:
-            shapes = [([int(d) for d in b.shape], str(b.dtype)) for b in func.params]
-            buffers[name] = [tvm.runtime.tensor(rng.standard_normal(s).astype(t), dev) for s, t in shapes]
+            buffers[name] = kernel_args(func, dev, rng)
     samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for name, acc in variants:
