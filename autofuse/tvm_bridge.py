@@ -424,6 +424,23 @@ def _node_tag(prim: tvm.tirx.PrimFunc) -> int:
     return int(prim.attrs[_TAG])
 
 
+def constant_params(mod: tvm.IRModule) -> dict[str, list[int]]:
+    """For each PrimFunc, the parameters to which every call_tir in the module's Relax functions
+    passes a constant (weights bound at import): the buffers its kernel may re-lay at compile
+    time (schedule.py packs them in tile order; FoldConstant runs the packing once)."""
+    seen: dict[str, set[int]] = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for binding in _calls_in(func):
+            callee, args = binding.value.args[0], binding.value.args[1]
+            fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
+            consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.Constant)}
+            name = callee.name_hint
+            seen[name] = seen[name] & consts if name in seen else consts
+    return {name: sorted(idx) for name, idx in seen.items() if idx}
+
+
 def _calls_in(func: relax.Function) -> list[relax.Binding]:
     return [b for blk in func.body.blocks for b in blk.bindings if is_call_tir(b)]
 
