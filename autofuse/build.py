@@ -125,7 +125,7 @@ def _schedule_passes(target: tvm.target.Target, scheduler: str, database: str | 
     passes: list[tvm.transform.Pass] = []
     if scheduler == "metaschedule" and database and os.path.exists(os.path.join(database, "database_workload.json")):
         passes.append(relax.transform.MetaScheduleApplyDatabase(database))
-    return passes + [ScheduleCPU(vector_bits(target), prepack=False)]  # compile_scheduled folds it
+    return passes + [ScheduleCPU(vector_bits(target), prepack=False)]  # compile_scheduled packs
 
 
 @tvm.transform.module_pass(opt_level=0, name="AutofuseDLight")
@@ -245,12 +245,12 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
 
 
 def compile_scheduled(scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
-    from autofuse.schedule import fold_prepacking
+    from autofuse.schedule import pack_constants
 
     @tvm.transform.module_pass(opt_level=0, name="AutofuseLowering")
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(_lowering_passes(target))(fold_prepacking(mod))
+            return tvm.transform.Sequential(_lowering_passes(target))(pack_constants(mod))
 
     return tvm.compile(scheduled, target=target, relax_pipeline=pipeline)
 
@@ -352,11 +352,7 @@ def time_kernels(
     This is what the cost model learns from: per-group kernel time, the same kernel measured
     once however many plans contain it.
     """
-    from autofuse.schedule import prepacked_kernel
-    from autofuse.schedule import split_prepacking
-
-    split = split_prepacking(mod)  # a kernel runs on weights re-laid once, at compile time
-    funcs = {n: prepacked_kernel(split, n)[1].with_attr("global_symbol", n) for n in dict.fromkeys(names)}
+    funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names)}
     lib = tvm.compile(tvm.IRModule(funcs), target=target).jit()
     dev = device_for(target)
     rng = np.random.default_rng(0)

@@ -27,15 +27,16 @@ import math
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import tvm
 from tvm import s_tir
 from tvm import tirx
 
 SCHEDULED_ATTR = "tirx.is_scheduled"
-# TVM's names: the parameters of a PrimFunc a schedule may re-lay (weights passed as constants),
-# and the mark of a stage that only re-lays one (split off by relax's SplitLayoutRewritePreproc)
+# the parameters of a PrimFunc a schedule may re-lay (weights passed as constants; TVM's name),
+# and those it did re-lay, as [parameter index, panel width] pairs (see _pack_weights)
 LAYOUT_FREE_ATTR = "layout_free_buffers"
-PREPACK_ATTR = "meta_schedule.layout_rewrite_preproc"
+PACKED_ATTR = "autofuse.packed_weights"
 # what TIR raises when it refuses a transformation (ScheduleError and InternalError are both
 # RuntimeErrors in TVM 0.27)
 _REFUSED = (RuntimeError, ValueError)
@@ -278,17 +279,15 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
     cache line per reduction step, N floats apart. The hardware prefetcher does not follow a
     stride that crosses a page at every step: MobileNetV2's 160 -> 1280 1x1 convolution on a
     2x2 image ran 99 us with cold caches as [160, 1280] and 52 us packed (the model's weights
-    are cold: it reads 2.6 MB of them per run). The re-laying is a stage of its own, marked as
-    TVM marks MetaSchedule's layout rewrites: relax's SplitLayoutRewritePreproc moves it out
-    of the kernel and FoldConstant runs it once, at compile time (build.compile_scheduled).
-    Only buffers the module passes as constants at every call are re-laid (LAYOUT_FREE_ATTR,
-    set by ScheduleCPU)."""
+    are cold: it reads 2.6 MB of them per run). The kernel's parameter takes the new shape;
+    `pack_constants` re-lays the constants its callers pass, once, at compile time. Only
+    parameters the module passes constants at every call are re-laid (LAYOUT_FREE_ATTR, set by
+    ScheduleCPU)."""
     func = sch.mod["main"]
     free = [func.params[int(k)] for k in (func.attrs or {}).get(LAYOUT_FREE_ATTR, [])]
     if not free or not panels:
         return
-    reads = list(sch.get(block).reads)
-    for idx, region in enumerate(reads):
+    for idx, region in enumerate(list(sch.get(block).reads)):
         if not any(region.source.same_as(w) for w in free):
             continue
         index = region.region
@@ -299,18 +298,28 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
                 or any(_uses(r.min, var) for r in index[:-1])):
             continue
         dtype = str(region.source.shape[-1].ty.dtype)
-        packed = tirx.IndexMap.from_func(_panels(tile), ndim=len(index), index_dtype=dtype)
-        for attempt in (sch.copy(), sch):  # a copy first: a refused one must leave no stage behind
-            try:
-                stage = attempt.cache_read(block, idx, "global")
-                attempt.annotate(stage, PREPACK_ATTR, True)
-                attempt.transform_layout(block, ("read", idx), packed)
-            except _REFUSED:
-                break
+        try:
+            sch.transform_layout(block, ("read", idx), tirx.IndexMap.from_func(_panels(tile), ndim=len(index), index_dtype=dtype))
+        except _REFUSED:
+            continue
 
 
 def _panels(tile: int):  # noqa: ANN202 - an index map: IndexMap.from_func reads its signature
     return lambda *x: [x[-1] // tile, *x[:-1], x[-1] % tile]
+
+
+def _note_packing(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Record in PACKED_ATTR which parameters the schedule re-laid (see `_pack_weights`): those
+    whose shape changed, [..., N] -> [N / t, ..., t], as [index, t] pairs."""
+    packed = [[k, int(after.shape[-1])] for k, (before, after) in enumerate(zip(func.params, scheduled.params))
+              if [int(d) for d in before.shape] != [int(d) for d in after.shape]]
+    return scheduled.with_attr(PACKED_ATTR, packed) if packed else scheduled
+
+
+def pack_array(array: np.ndarray, tile: int) -> np.ndarray:
+    """A weight re-laid as `_pack_weights` re-lays its parameter: [..., N] -> [N / t, ..., t]."""
+    lead, n = array.shape[:-1], array.shape[-1]
+    return np.ascontiguousarray(np.moveaxis(array.reshape(*lead, n // tile, tile), -2, 0))
 
 
 def _is_one(expr: object) -> bool:
@@ -446,7 +455,7 @@ def schedule_candidates(
         except _REFUSED:
             continue
         if scheduled is not None:
-            yield scheduled
+            yield _note_packing(func, scheduled)
 
 
 def _parallel_outer(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
@@ -761,13 +770,14 @@ class ScheduleCPU:
     """Schedule every PrimFunc not yet scheduled (after FuseTIR, before lowering to the VM).
 
     Weights passed as constants are re-laid in the order the kernels read them (see
-    `_pack_weights`): with `prepack` (the default) the re-laying is then split off and run on the
-    constants here, so the module is ready to lower; `prepack=False` leaves it inside the kernels
-    for the caller to split (build.py times kernels one by one, under their own names, first).
+    `_pack_weights`): with `prepack` (the default) the constants are re-laid here, so the module
+    is ready to lower; with `prepack=False` the kernels expect re-laid weights and the caller
+    runs `pack_constants` before lowering (build.py keeps the module in that state, where a
+    kernel can still be swapped for another schedule of it).
 
     Args:
         vector_bits: the target CPU's SIMD width (see `vector_bits`).
-        prepack: split off and fold the weight re-laying.
+        prepack: re-lay the constants now.
     """
 
     def __init__(self, vector_bits: int = 256, prepack: bool = True) -> None:
@@ -795,29 +805,15 @@ class ScheduleCPU:
         out = mod.clone()  # a pass must not change its input
         for gv, func in updates.items():
             out[gv] = func
-        return fold_prepacking(out) if self.prepack else out
+        return pack_constants(out) if self.prepack else out
 
 
-def fold_prepacking(mod: tvm.IRModule) -> tvm.IRModule:
-    """Split each kernel's weight re-laying off into a function of its own ('<kernel>_prepacked'
-    is the rest) and run it on the constant weights now: nothing is re-laid at run time."""
-    from tvm import relax
+def pack_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """Re-lay the constant weights passed to kernels whose schedule re-laid their parameters
+    (PACKED_ATTR), once, here: nothing is re-laid at run time."""
+    from autofuse.tvm_bridge import repack_constants
 
-    return relax.transform.FoldConstant()(split_prepacking(mod))
-
-
-def split_prepacking(mod: tvm.IRModule) -> tvm.IRModule:
-    """Each call to a kernel that re-lays a weight becomes a call to the re-laying
-    ('<kernel>_weight_prepack') and one to the rest ('<kernel>_prepacked')."""
-    from tvm import relax
-
-    return relax.transform.SplitLayoutRewritePreproc()(mod)
-
-
-def prepacked_kernel(split: tvm.IRModule, name: str) -> tuple[str, tirx.PrimFunc]:
-    """The function that runs kernel `name` after SplitLayoutRewritePreproc (its
-    '<name>_prepacked' part if it re-laid a weight), with its name."""
-    for candidate in (f"{name}_prepacked", name):
-        if candidate in [gv.name_hint for gv in split.get_global_vars()]:
-            return candidate, split[candidate]
-    raise KeyError(name)
+    packed = {gv.name_hint: [(int(k), int(t)) for k, t in f.attrs[PACKED_ATTR]]
+              for gv, f in mod.functions.items()
+              if isinstance(f, tirx.PrimFunc) and f.attrs and PACKED_ATTR in f.attrs}
+    return repack_constants(mod, packed, pack_array) if packed else mod

@@ -9,6 +9,7 @@ TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Orde
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace
 from functools import lru_cache
@@ -435,10 +436,47 @@ def constant_params(mod: tvm.IRModule) -> dict[str, list[int]]:
         for binding in _calls_in(func):
             callee, args = binding.value.args[0], binding.value.args[1]
             fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
-            consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.Constant)}
+            consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.GenericConst)}
             name = callee.name_hint
             seen[name] = seen[name] & consts if name in seen else consts
     return {name: sorted(idx) for name, idx in seen.items() if idx}
+
+
+def repack_constants(
+    mod: tvm.IRModule, packed: dict[str, list[tuple[int, int]]], pack: Callable[[np.ndarray, int], np.ndarray]
+) -> tvm.IRModule:
+    """Replace each constant that a call passes to a re-laid parameter of kernel `name`
+    (packed[name]: (parameter index, panel width) pairs) by pack(value, width).
+
+    The re-laid kernels get new GlobalVars of the same names: a GlobalVar carries the signature
+    its function had when first added, which Relax checks calls against (and which other
+    modules sharing it, such as the unscheduled one, still need)."""
+    retyped = {}
+    for name in packed:
+        bb = relax.BlockBuilder()  # an empty module: the name is kept
+        retyped[name] = bb.add_func(mod[name], name)
+
+    @relax.expr_functor.mutator
+    class Repacker(relax.PyExprMutator):  # type: ignore[misc]
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            new = super().visit_call_(call)
+            if not (new.op.same_as(call_tir_op()) and new.args[0].name_hint in packed):
+                return new
+            name = new.args[0].name_hint
+            fields = list(new.args[1].fields)
+            for k, width in packed[name]:
+                if not isinstance(fields[k], tvm.ir.expr.GenericConst):
+                    raise ValueError(f"kernel {name} re-lays parameter {k}, given a non-constant")
+                fields[k] = relax.const(pack(fields[k].value.numpy(), width))
+            return relax.Call(new.op, [retyped[name], relax.Tuple(fields), *new.args[2:]], new.attrs, new.ty_args)
+
+    functions = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            functions[gv] = Repacker(mod).visit_expr(func)
+        else:
+            functions[retyped.get(gv.name_hint, gv)] = func
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def _calls_in(func: relax.Function) -> list[relax.Binding]:

@@ -128,15 +128,11 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
             return out, None
     if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
         ex.export_library(req["export_to"])
-        from autofuse.schedule import prepacked_kernel
-        from autofuse.schedule import split_prepacking
-
-        split = split_prepacking(scheduled)  # the library runs kernels on weights re-laid at build
-        in_lib = {h: prepacked_kernel(split, n) for n, h in zip(kernels, out["kernels"])}
         out["kernel_params"] = {
-            h: [[[int(d) for d in b.shape], str(b.dtype)] for b in prim.params] for h, (_, prim) in in_lib.items()
+            h: [[[int(d) for d in b.shape], str(b.dtype)] for b in scheduled[n].params]
+            for n, h in zip(kernels, out["kernels"])
         }
-        out["kernel_names"] = {h: name for h, (name, _) in in_lib.items()}
+        out["kernel_names"] = dict(zip(out["kernels"], kernels))
     if req.get("build_only") or req.get("export_to"):
         out["status"] = "built"
         return out, None

@@ -25,9 +25,7 @@ from autofuse.apply import fuse
 from autofuse.build import kernel_args
 from autofuse.build import make_target
 from autofuse.schedule import LAYOUT_FREE_ATTR
-from autofuse.schedule import prepacked_kernel
 from autofuse.schedule import schedule_candidates
-from autofuse.schedule import split_prepacking
 from autofuse.schedule import vector_bits
 from autofuse.schedule import vector_lanes
 from autofuse.tvm_bridge import constant_params
@@ -51,16 +49,13 @@ def main() -> None:
     constants = constant_params(fused)  # weights re-laid in tile order, as ScheduleCPU does
     prims = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)]
     variants = {}
-    for acc in accs:
-        mod = fused.clone()
-        for name in prims:
-            func = fused[name]
-            if constants.get(name):
-                func = func.with_attr(LAYOUT_FREE_ATTR, constants[name])
-            mod[name] = next(schedule_candidates(func, vector_lanes(func, bits), acc), None) or func
-        split = split_prepacking(mod)  # each kernel timed on its re-laid weights, without the re-laying
-        for name in prims:
-            variants[(name, acc)] = prepacked_kernel(split, name)[1].with_attr("global_symbol", f"{name}__{acc}")
+    for name in prims:
+        func = fused[name]
+        if constants.get(name):
+            func = func.with_attr(LAYOUT_FREE_ATTR, constants[name])
+        for acc in accs:
+            scheduled = next(schedule_candidates(func, vector_lanes(func, bits), acc), None) or func
+            variants[(name, acc)] = scheduled.with_attr("global_symbol", f"{name}__{acc}")
     lib = tvm.compile(tvm.IRModule({f"{n}__{a}": f for (n, a), f in variants.items()}), target=target).jit()
 
     dev, rng = tvm.cpu(), np.random.default_rng(0)
