@@ -427,8 +427,8 @@ def _node_tag(prim: tvm.tirx.PrimFunc) -> int:
 
 def constant_params(mod: tvm.IRModule) -> dict[str, list[int]]:
     """For each PrimFunc, the parameters to which every call_tir in the module's Relax functions
-    passes a constant (weights bound at import): the buffers its kernel may re-lay at compile
-    time (schedule.py packs them in tile order; FoldConstant runs the packing once)."""
+    passes a constant (weights bound at import): the parameters its schedule may re-lay
+    (schedule._pack_weights), since `repack_constants` can then re-lay the values once, here."""
     seen: dict[str, set[int]] = {}
     for func in mod.functions.values():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
