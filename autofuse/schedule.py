@@ -527,6 +527,14 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
 # --- row kernels: reductions and their broadcasts, one row at a time -----------------------------
 
 
+def _reduces_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block reduces along the innermost axis of something it reads (a softmax's or
+    a layer norm's row), not only across outer ones (a pooling window in channels-last)."""
+    blk = sch.get(block)
+    r_vars = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == _REDUCE]
+    return any(_uses(region.region[-1].min, v) for region in blk.reads for v in r_vars if region.region)
+
+
 def _is_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return any(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
 
@@ -588,6 +596,11 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     products = [b for b in blocks if _reuses_inputs(sch, b)]
     if not any(_is_reduction(sch, b) and b not in products for b in blocks):
         return None  # no row reduction: GEMMs and convolutions get register tiles instead
+    if any(_is_reduction(sch, b) and b not in products and not _reduces_innermost(sch, b) for b in blocks):
+        # a window reduction over an image (channels-last pooling: its innermost axis is the
+        # channels) is no row: as one, ResNet's 3x3 max pool ran the window outermost, over the
+        # whole 16x16x32 output 9 times (63 us, onnxruntime's 15)
+        return None
     for b in blocks:
         kinds = _reduction_loops(sch, b, sch.get_loops(b))
         if kinds is None or (any(kinds) and not kinds[-1]):
