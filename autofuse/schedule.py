@@ -798,15 +798,8 @@ class ScheduleCPU:
         self.prepack = prepack
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        from autofuse.tvm_bridge import constant_params
-
-        constants = constant_params(mod)
         updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or SCHEDULED_ATTR in (func.attrs or {}):
-                continue
-            if constants.get(gv.name_hint):
-                func = func.with_attr(LAYOUT_FREE_ATTR, constants[gv.name_hint])
+        for gv, func in unscheduled_kernels(mod).items():
             try:
                 scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits), accumulators(self.vector_bits))
             except Exception:  # a kernel the rule cannot handle stays as it is: correct, slow
@@ -821,12 +814,32 @@ class ScheduleCPU:
         return pack_constants(out) if self.prepack else out
 
 
+def unscheduled_kernels(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, tirx.PrimFunc]:
+    """The module's PrimFuncs not yet scheduled, each marked with the parameters its callers
+    pass constants at every call (LAYOUT_FREE_ATTR: what `_pack_weights` may re-lay)."""
+    from autofuse.tvm_bridge import constant_params
+
+    constants = constant_params(mod)
+    out = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc) and SCHEDULED_ATTR not in (func.attrs or {}):
+            free = constants.get(gv.name_hint)
+            out[gv] = func.with_attr(LAYOUT_FREE_ATTR, free) if free else func
+    return out
+
+
 def pack_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """Re-lay the constant weights passed to kernels whose schedule re-laid their parameters
-    (PACKED_ATTR), once, here: nothing is re-laid at run time."""
+    (PACKED_ATTR), once, here: nothing is re-laid at run time. The kernels lose the mark, so a
+    second call leaves the module as it is."""
     from autofuse.tvm_bridge import repack_constants
 
     packed = {gv.name_hint: [(int(k), int(t)) for k, t in f.attrs[PACKED_ATTR]]
               for gv, f in mod.functions.items()
               if isinstance(f, tirx.PrimFunc) and f.attrs and PACKED_ATTR in f.attrs}
-    return repack_constants(mod, packed, pack_array) if packed else mod
+    if not packed:
+        return mod
+    out = repack_constants(mod, packed, pack_array)
+    for name in packed:
+        out[name] = out[name].without_attr(PACKED_ATTR)
+    return out

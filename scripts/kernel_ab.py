@@ -4,7 +4,7 @@ The rule-based CPU schedule sizes its register tiles by `accumulators(vector_bit
 the candidates side by side on this machine, kernel by kernel, so that a choice is measured
 rather than guessed (kernels v8: 16 accumulators on AVX-512, 12 on AVX2).
 
-    python scripts/kernel_ab.py MODEL.onnx [--acc 16,12,8] [--rounds 6] [--top 12]
+    python scripts/kernel_ab.py MODEL.onnx [--acc 16,12,8] [--rounds 6] [--top 12] [--cold] [--no-pack]
 
 Each kernel is compiled once per budget; every round times every variant once (median of 5
 repeats of at least 20 ms), and the table reports the median over rounds, with the number of
@@ -26,9 +26,9 @@ from autofuse.build import kernel_args
 from autofuse.build import make_target
 from autofuse.schedule import LAYOUT_FREE_ATTR
 from autofuse.schedule import schedule_candidates
+from autofuse.schedule import unscheduled_kernels
 from autofuse.schedule import vector_bits
 from autofuse.schedule import vector_lanes
-from autofuse.tvm_bridge import constant_params
 from autofuse.tvm_bridge import main_block
 from autofuse.workload import prepare
 
@@ -39,6 +39,9 @@ def main() -> None:
     ap.add_argument("--acc", default="16,12,8", help="accumulator budgets to compare, the first is the base")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--top", type=int, default=12, help="kernels to list (slowest first)")
+    ap.add_argument("--cold", action="store_true",
+                    help="flush the caches before every call (weights come from memory, as in the model)")
+    ap.add_argument("--no-pack", action="store_true", help="keep constant weights in their layout (kernels v8)")
     args = ap.parse_args()
     accs = [int(a) for a in args.acc.split(",")]
 
@@ -46,13 +49,11 @@ def main() -> None:
     target = make_target("llvm")
     bits = vector_bits(target)
     fused, _ = fuse(w.mod, w.graph, w.tvm_default())
-    constants = constant_params(fused)  # weights re-laid in tile order, as ScheduleCPU does
-    prims = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)]
+    kernels = {gv.name_hint: f for gv, f in unscheduled_kernels(fused).items()}  # as ScheduleCPU sees them
     variants = {}
-    for name in prims:
-        func = fused[name]
-        if constants.get(name):
-            func = func.with_attr(LAYOUT_FREE_ATTR, constants[name])
+    for name, func in kernels.items():
+        if args.no_pack:
+            func = func.without_attr(LAYOUT_FREE_ATTR)
         for acc in accs:
             scheduled = next(schedule_candidates(func, vector_lanes(func, bits), acc), None) or func
             variants[(name, acc)] = scheduled.with_attr("global_symbol", f"{name}__{acc}")
@@ -63,7 +64,8 @@ def main() -> None:
     samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for name, acc in variants:
-            timer = lib.time_evaluator(f"{name}__{acc}", dev, number=1, repeat=5, min_repeat_ms=20)
+            timer = lib.time_evaluator(f"{name}__{acc}", dev, number=1, repeat=5, min_repeat_ms=0 if args.cold else 20,
+                                       f_preproc="cache_flush_cpu_non_first_arg" if args.cold else "")
             samples[(name, acc)].append(float(np.median(timer(*buffers[(name, acc)]).results)) * 1e6)
 
     names = list(dict.fromkeys(n for n, _ in variants))
