@@ -135,6 +135,10 @@ def _schedule_reduction(
     s_vars: list[str],
     acc: int,
 ) -> s_tir.schedule.LoopRV | None:
+    if tile and not _reuses_inputs(sch, block):
+        par = _accumulate_vectors(sch, block, s_loops, r_loops, lanes, s_vars, acc)
+        if par is not None:
+            return par
     # register tiles only where an input is reused across an output axis (matmul, conv): a
     # pooling window has nothing to keep in registers, and its tile ran 5x slower than the
     # plain loop (SqueezeNet's 3x3 max pool: 108 vs 21 us)
@@ -170,6 +174,47 @@ def _schedule_reduction(
             _, vi = sch.split(vi, [None, width])
         sch.vectorize(vi)
     # the init leaves the reduction loop; vectorising needs the reduction block intact first
+    sch.decompose_reduction(block, r_loops[0])
+    return par
+
+
+def _accumulate_vectors(
+    sch: s_tir.Schedule,
+    block: s_tir.schedule.SBlockRV,
+    s_loops: list,
+    r_loops: list,
+    lanes: int,
+    s_vars: list[str],
+    acc: int,
+) -> s_tir.schedule.LoopRV | None:
+    """A reduction across outer axes of its input, contiguous along its innermost output axis
+    (channels-last pooling windows and global pools, column sums): a group of output vectors,
+    unrolled, accumulates in registers over the whole reduction, groups in parallel.
+
+    The loop nests it replaces kept the outputs in memory across the reduction: vectors inside
+    the window, ResNet's 3x3 max pool took 48 us (3 with a group of 4 vectors: its inlined
+    padding's test is hoisted once the group is unrolled); a column sum ran a serial dot product
+    down each column (512x1024: 1.2 ms; 41 us with 12 vectors). None when the rule does not
+    apply (the last output axis is not vectorisable or not innermost in what the block reads)."""
+    if not s_loops or _reduces_innermost(sch, block):
+        return None
+    reads = [r for r in sch.get(block).reads if r.region]
+    if not reads or not all(_names(str(r.region[-1].min), s_vars[-1]) for r in reads):
+        return None
+    ext = _extent(sch, s_loops[-1])
+    width = _vector_width(ext, lanes)
+    if width is None:
+        return None
+    vectors = ext // width
+    group = max(g for g in range(1, min(acc, vectors) + 1) if vectors % g == 0)
+    parallel = _work(sch, block) >= MIN_PARALLEL_WORK
+    groups, vec, lane = sch.split(s_loops[-1], [None, group, width])
+    sch.reorder(*s_loops[:-1], groups, *r_loops, vec, lane)
+    par = sch.fuse(*s_loops[:-1], groups) if s_loops[:-1] else groups
+    sch.vectorize(lane)
+    sch.unroll(vec)
+    if parallel and (_extent(sch, par) or 2) > 1:
+        sch.parallel(par)
     sch.decompose_reduction(block, r_loops[0])
     return par
 
