@@ -271,6 +271,47 @@ def accumulators(vector_bits: int) -> int:
     return ACCUMULATORS if vector_bits >= 512 else ACCUMULATORS * 3 // 4
 
 
+def _broadcast_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, i_var: str, j_var: str) -> bool:
+    """Whether each row's input is one broadcast per step: no read indexed by the row also
+    depends on the column (matmul, conv; not a depthwise conv)."""
+    return not any(_names(r, j_var) for r in _reads_naming(sch, block, i_var))
+
+
+def _image_rows(
+    sch: s_tir.Schedule,
+    block: s_tir.schedule.SBlockRV,
+    s_loops: list,
+    s_vars: list[str],
+    row: int,
+    lanes: int,
+    acc: int,
+) -> tuple[list, list[str], int, bool]:
+    """A short image row (a 2x2 or 4x4 channels-last feature map) fused with the image row
+    above it, so that a register tile takes its rows from the whole image: (s_loops, s_vars,
+    row, whether fused). Two rows of a 2x2 image filled 4 of 12 accumulators and streamed the
+    weights once per image row (ResNeXt's 1024 -> 2048 1x1 convolution, cold: 709 -> 520 us).
+    Only where the weights do not depend on the image row either, and where tiles hold whole
+    image rows: a tile straddling two of them (5 rows of a 5x2 batch) had its write-back cover
+    both, including outputs it never computed (wrong results, seen on an LSTM)."""
+    unchanged = s_loops, s_vars, row, False
+    if row == 0 or row != len(s_loops) - 2:
+        return unchanged
+    ext_up, ext_row, ext_j = (_extent(sch, s_loops[k]) for k in (row - 1, row, -1))
+    if ext_up is None or ext_row is None or ext_row >= acc // 2:
+        return unchanged
+    if any(_names(r, s_vars[row - 1]) for r in _reads_naming(sch, block, s_vars[-1])):
+        return unchanged
+    width = _lane_width(sch, block, s_vars[-1], ext_j, lanes)
+    if width is None:
+        return unchanged
+    rows = ext_up * ext_row
+    ti, _ = _tile_shape(rows, ext_j // width, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]))
+    if rows % ti or ti % ext_row:
+        return unchanged
+    s_loops = [*s_loops[: row - 1], sch.fuse(s_loops[row - 1], s_loops[row]), s_loops[-1]]
+    return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True
+
+
 def _gemm_tiles(
     sch: s_tir.Schedule,
     block: s_tir.schedule.SBlockRV,
@@ -284,16 +325,7 @@ def _gemm_tiles(
     """Register tiles for matmul/conv-like blocks: a (rows x 1-2 vectors) accumulator kept in a
     local buffer across the whole reduction, rows unrolled, columns vectorised; tiles in
     parallel. `acc`: accumulator registers (see ACCUMULATORS)."""
-    fused_rows = False
-    if row == len(s_loops) - 2 and (_extent(sch, s_loops[row]) or acc) < acc // 2 and row > 0:
-        # a short image row (a 2x2 or 4x4 feature map, channels-last): the tile takes its rows
-        # from the whole image, where the weights do not depend on the image row either. Two
-        # rows of a 2x2 image filled 4 of 12 accumulators and streamed the weights once per
-        # image row (ResNeXt's 1024 -> 2048 1x1 convolution, cold: 709 -> 520 us)
-        if not any(_names(r, s_vars[row - 1]) for r in _reads_naming(sch, block, s_vars[-1])):
-            s_loops = [*s_loops[: row - 1], sch.fuse(s_loops[row - 1], s_loops[row]), s_loops[-1]]
-            s_vars = [*s_vars[: row - 1], s_vars[row], s_vars[-1]]
-            row, fused_rows = row - 1, True
+    s_loops, s_vars, row, fused_rows = _image_rows(sch, block, s_loops, s_vars, row, lanes, acc)
     i, j = s_loops[row], s_loops[-1]
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
@@ -309,10 +341,7 @@ def _gemm_tiles(
     if ext_i == 1:  # one row: the accumulators go to columns, whole cache lines of B per k
         ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
     else:
-        # rows whose input does not depend on the column are one broadcast each (matmul, conv;
-        # not a depthwise conv)
-        wide = not any(_names(r, s_vars[-1]) for r in _reads_naming(sch, block, s_vars[row]))
-        ti, tv = _tile_shape(ext_i, vectors, acc, wide)
+        ti, tv = _tile_shape(ext_i, vectors, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]))
     tj = tv * width
     copies_in: list = []
     copies_out: list = []

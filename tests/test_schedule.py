@@ -730,3 +730,19 @@ def test_register_tiles_are_three_vectors_wide_where_rows_are_broadcasts():
     a, b = rng.standard_normal((1, 10, 10, 96)).astype("float32"), rng.standard_normal((3, 3, 96)).astype("float32")
     want = sum(a[:, i:i + 8, j:j + 8, :] * b[i, j] for i in range(3) for j in range(3))
     np.testing.assert_allclose(_run(depthwise, a, b, out_shape=(1, 8, 8, 96)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_image_rows_are_fused_only_where_tiles_hold_whole_rows():
+    # 5 x 2 rows against 16 columns: fused into 10 rows, a 5-row tile would straddle two of the
+    # outer rows, and its write-back covered both, outputs it never computed included (an
+    # LSTM's input projection gave wrong results); such rows stay as they are
+    from tvm import te
+
+    x = te.placeholder((5, 2, 3), name="x")
+    b = te.placeholder((3, 16), name="B")
+    r = te.reduce_axis((0, 3), name="k")
+    y = te.compute((5, 2, 16), lambda i, t, j: te.sum(x[i, t, r] * b[r, j], axis=r), name="y")
+    func = schedule_cpu(te.create_prim_func([x, b, y]), lanes=8, acc=12)
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((5, 2, 3)).astype("float32"), rng.standard_normal((3, 16)).astype("float32")
+    np.testing.assert_allclose(_run(func, a, w, out_shape=(5, 2, 16)), a @ w, rtol=1e-5, atol=1e-5)
