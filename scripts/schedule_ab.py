@@ -1,0 +1,54 @@
+"""Time two versions of the rule-based schedules, kernel by kernel, in turns (A/B).
+
+The README's kernels v11-v14 figures came from this: dump each kernel's schedule under one
+checkout, dump again under another, then time the kernels that differ, both versions compiled
+into one library and timed alternately (median over ROUNDS, default 5; 2 threads as the worker).
+
+    python scripts/schedule_ab.py dump OLD_DIR MODEL.onnx all      # at the old commit
+    python scripts/schedule_ab.py dump NEW_DIR MODEL.onnx all      # at the new one
+    TVM_NUM_THREADS=2 python scripts/schedule_ab.py time OLD_DIR NEW_DIR [--cold]
+"""
+import sys, os, numpy as np, tvm
+if sys.argv[1] == "dump":
+    from autofuse.apply import fuse
+    from autofuse.schedule import unscheduled_kernels, schedule_candidates
+    from autofuse.workload import prepare
+    out, model, names = sys.argv[2], sys.argv[3], sys.argv[4]
+    os.makedirs(out, exist_ok=True)
+    w = prepare(model)
+    fused, _ = fuse(w.mod, w.graph, w.tvm_default())
+    ks = {gv.name_hint: f for gv, f in unscheduled_kernels(fused).items()}
+    for n in (ks if names == "all" else names.split(",")):
+        s = next(schedule_candidates(ks[n], 8, 12), ks[n])
+        open(f"{out}/{n}.py", "w").write(s.script())
+    sys.exit()
+from autofuse.build import make_target
+a, b = sys.argv[2], sys.argv[3]; cold = "--cold" in sys.argv
+t = make_target("llvm"); dev = tvm.cpu()
+names = sorted(f[:-3] for f in os.listdir(a))
+funcs = {}
+for d in (a, b):
+    for n in names:
+        src = open(f"{d}/{n}.py").read()
+        if d == b and src == open(f"{a}/{n}.py").read():
+            continue
+        funcs[(d, n)] = tvm.script.from_source(src).with_attr("global_symbol", f"k{len(funcs)}")
+diff = sorted({n for d, n in funcs if d == b})
+print(f"{len(diff)} of {len(names)} kernels differ")
+mod = tvm.IRModule({f.attrs["global_symbol"]: f for f in funcs.values()})
+lib = tvm.tirx.build(mod, target=t)
+res = {k: [] for k in funcs}
+rng = np.random.default_rng(0)
+args = {n: [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.shape]).astype("float32"), dev) for p in funcs[(a, n)].params] for n in diff}
+argsb = {n: [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.shape]).astype("float32"), dev) for p in funcs[(b, n)].params] for n in diff}
+for r in range(int(os.environ.get("ROUNDS", 5))):
+    for n in diff:
+        for d, ar in ((a, args[n]), (b, argsb[n])):
+            ev = lib.time_evaluator(funcs[(d, n)].attrs["global_symbol"], dev, number=1 if cold else 10, repeat=5, min_repeat_ms=0 if cold else 10,
+                                    f_preproc="cache_flush_cpu_non_first_arg" if cold else "")
+            res[(d, n)].append(np.median(ev(*ar).results) * 1e6)
+ta = tb = 0
+for n in diff:
+    x, y = np.median(res[(a, n)]), np.median(res[(b, n)]); ta += x; tb += y
+    print(f"{n:40s} {x:9.1f} {y:9.1f}  {x / y:5.2f}x")
+print(f"{'sum':40s} {ta:9.1f} {tb:9.1f}  {ta / tb:5.2f}x")
