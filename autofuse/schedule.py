@@ -285,7 +285,8 @@ def _image_rows(
     row: int,
     lanes: int,
     acc: int,
-) -> tuple[list, list[str], int, bool]:
+    r_loops: list,
+) -> tuple[list, list[str], int, bool, list, tuple[int, int] | None]:
     """A short image row (a 2x2 or 4x4 channels-last feature map) fused with the image row
     above it, so that a register tile takes its rows from the whole image: (s_loops, s_vars,
     row, whether fused). Two rows of a 2x2 image filled 4 of 12 accumulators and streamed the
@@ -293,23 +294,122 @@ def _image_rows(
     Only where the weights do not depend on the image row either, and where tiles hold whole
     image rows: a tile straddling two of them (5 rows of a 5x2 batch) had its write-back cover
     both, including outputs it never computed (wrong results, seen on an LSTM)."""
-    unchanged = s_loops, s_vars, row, False
+    unchanged = s_loops, s_vars, row, False, r_loops, None
     if row == 0 or row != len(s_loops) - 2:
         return unchanged
     ext_up, ext_row, ext_j = (_extent(sch, s_loops[k]) for k in (row - 1, row, -1))
-    if ext_up is None or ext_row is None or ext_row >= acc // 2:
+    if ext_up is None or ext_row is None or ext_up == 1:
         return unchanged
     if any(_names(r, s_vars[row - 1]) for r in _reads_naming(sch, block, s_vars[-1])):
         return unchanged
     width = _lane_width(sch, block, s_vars[-1], ext_j, lanes)
     if width is None:
         return unchanged
-    rows = ext_up * ext_row
-    ti, _ = _tile_shape(rows, ext_j // width, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]))
-    if rows % ti or ti % ext_row:
+    rows, wide = ext_up * ext_row, _broadcast_rows(sch, block, s_vars[row], s_vars[-1])
+    ti, tv = _tile_shape(rows, ext_j // width, acc, wide)
+    if ext_row < acc // 2 and rows % ti == 0 and ti % ext_row == 0:
+        s_loops = [*s_loops[: row - 1], sch.fuse(s_loops[row - 1], s_loops[row]), s_loops[-1]]
+        return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True, r_loops, None
+    own = _tile_shape(ext_row, ext_j // width, acc, wide)
+    if ext_row % own[0] == 0 and _tile_score(*own, ext_row) >= _tile_score(ti, tv, rows):
         return unchanged
-    s_loops = [*s_loops[: row - 1], sch.fuse(s_loops[row - 1], s_loops[row]), s_loops[-1]]
-    return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True
+    flat = _flatten_rows(sch, block, s_vars[row - 1], s_vars[row])
+    if flat is None:
+        return unchanged
+    loops = sch.get_loops(block)
+    spatial = [int(iv.iter_type) != _REDUCE for iv in sch.get(block).iter_vars]
+    s_loops = [lp for lp, sp in zip(loops, spatial) if sp]
+    r_loops = [lp for lp, sp in zip(loops, spatial) if not sp]
+    s_vars = [str(iv.var) for iv in sch.get(block).iter_vars if int(iv.iter_type) != _REDUCE]
+    return s_loops, s_vars, row - 1, True, r_loops, flat
+
+
+def _flatten_rows(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, up_var: str, row_var: str
+) -> tuple[int, int] | None:
+    """Merge the image-row axis `up_var` and the row axis `row_var` of a matmul/conv block into
+    one axis of rows, so that register tiles may straddle image rows (a 7x7 image as 49 rows in
+    6x2 tiles rather than 7-row tiles one vector wide; a 14x14 one as 196 rows in 4-row tiles
+    rather than 5-row ones over a padded copy). The block's iteration space is re-laid
+    (transform_block_layout); so is its output where it is an intermediate buffer, and every
+    elementwise epilogue reading it: TIR computes the region a tile covers as a box in the
+    buffer's dimensions, and a box around rows that straddle two image rows covers outputs the
+    tile never computed (wrong results, seen on an LSTM). Returns (dimension, width) of the
+    output buffer still to be re-laid where it is a parameter (the tile's accumulator, after
+    cache_write), (-1, 0) where nothing is left to do, or None where the block or its
+    consumers do not have that shape (nothing changed)."""
+    blk = sch.get(block)
+    names = [str(iv.var) for iv in blk.iter_vars]
+    if up_var not in names or names.index(row_var) != names.index(up_var) + 1 or len(blk.writes) != 1:
+        return None
+    pos = names.index(up_var)
+    dim = _merged_dims(blk.writes[0], blk.iter_vars[pos].var, blk.iter_vars[pos + 1].var)
+    if dim is None:
+        return None
+    out = blk.writes[0].source
+    params = {buf.name for buf in sch.mod["main"].params}
+    width = int(out.shape[dim + 1])
+    consumers = []
+    if out.name not in params:
+        for consumer in sch.get_consumers(block):
+            found = _elementwise_rows(sch, consumer, out, dim, params)
+            if found is None:
+                return None
+            consumers.append((consumer, found))
+    dtype = str(blk.iter_vars[pos].var.ty.dtype)
+    try:
+        sch.transform_block_layout(block, _merge_map(pos, width, len(names), dtype))
+    except _REFUSED:
+        return None  # refused before any change
+    if out.name in params:
+        return dim, width
+    try:
+        sch.transform_layout(block, ("write", 0), _merge_map(dim, width, len(out.shape), dtype))
+        for consumer, (k, n) in consumers:
+            sch.transform_block_layout(consumer, _merge_map(k, width, n, dtype))
+    except _REFUSED:
+        raise _Unflattened from None
+    return -1, 0
+
+
+class _Unflattened(RuntimeError):
+    """A layout transform half done: the schedule is abandoned (the next candidate is taken)."""
+
+
+def _merged_dims(region: object, up: tirx.Var, row: tirx.Var) -> int | None:
+    """The dimension d of a buffer region indexed [..., up, row, ...] at d, d + 1 (one element)."""
+    index = region.region  # type: ignore[attr-defined]
+    for d in range(len(index) - 1):
+        if index[d].min.same_as(up) and index[d + 1].min.same_as(row):
+            if all(_is_one(r.extent) for r in index):
+                return d
+    return None
+
+
+def _elementwise_rows(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, buf: object, dim: int, params: set[str]
+) -> tuple[int, int] | None:
+    """(position of the iterator reading dimension `dim` of `buf`, number of iterators) for an
+    epilogue that reads `buf` one element at a time at its own adjacent iterators and writes
+    only parameters (a deeper chain would meet the same box problem one stage later)."""
+    blk = sch.get(block)
+    if any(w.source.name not in params for w in blk.writes):
+        return None
+    vars_ = [iv.var for iv in blk.iter_vars]
+    for region in blk.reads:
+        if region.source.same_as(buf):
+            k = next((i for i, v in enumerate(vars_[:-1]) if region.region[dim].min.same_as(v)), None)
+            if k is None or _merged_dims(region, vars_[k], vars_[k + 1]) != dim:
+                return None
+            return k, len(vars_)
+    return None
+
+
+def _merge_map(pos: int, width: int, ndim: int, dtype: str) -> tirx.IndexMap:
+    def merge(*x):  # noqa: ANN202 - an index map
+        return [*x[:pos], x[pos] * width + x[pos + 1], *x[pos + 2:]]
+
+    return tirx.IndexMap.from_func(merge, ndim=ndim, index_dtype=dtype)
 
 
 def _gemm_tiles(
@@ -325,7 +425,7 @@ def _gemm_tiles(
     """Register tiles for matmul/conv-like blocks: a (rows x 1-2 vectors) accumulator kept in a
     local buffer across the whole reduction, rows unrolled, columns vectorised; tiles in
     parallel. `acc`: accumulator registers (see ACCUMULATORS)."""
-    s_loops, s_vars, row, fused_rows = _image_rows(sch, block, s_loops, s_vars, row, lanes, acc)
+    s_loops, s_vars, row, fused_rows, r_loops, flat = _image_rows(sch, block, s_loops, s_vars, row, lanes, acc, r_loops)
     i, j = s_loops[row], s_loops[-1]
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
@@ -374,6 +474,11 @@ def _gemm_tiles(
     if parallel:
         sch.parallel(par)
     local = sch.cache_write(block, 0, "local")
+    if flat is not None and flat[0] >= 0:  # the accumulator of rows merged across an output parameter
+        dtype = str(sch.get(block).iter_vars[0].var.ty.dtype)
+        ndim = len(sch.get(local).iter_vars)
+        sch.transform_layout(block, ("write", 0), _merge_map(flat[0], flat[1], ndim, dtype))
+        sch.transform_block_layout(local, _merge_map(flat[0], flat[1], ndim, dtype))
     sch.reverse_compute_at(local, par)
     sch.unroll(ii)
     jio, jii = sch.split(ji, [None, width])
@@ -627,6 +732,8 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
         block = info.block_rv
         kinds = info.dom_kind()
         loops = sch.get_loops(block)
+        if len(kinds) != len(loops):  # an epilogue whose rows _flatten_rows merged since
+            kinds = "".join("R" if int(iv.iter_type) == _REDUCE else "S" for iv in sch.get(block).iter_vars)
         if "O" in kinds or not loops or len(kinds) != len(loops):
             continue
         s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]

@@ -732,10 +732,11 @@ def test_register_tiles_are_three_vectors_wide_where_rows_are_broadcasts():
     np.testing.assert_allclose(_run(depthwise, a, b, out_shape=(1, 8, 8, 96)), want, rtol=1e-4, atol=1e-4)
 
 
-def test_image_rows_are_fused_only_where_tiles_hold_whole_rows():
-    # 5 x 2 rows against 16 columns: fused into 10 rows, a 5-row tile would straddle two of the
-    # outer rows, and its write-back covered both, outputs it never computed included (an
-    # LSTM's input projection gave wrong results); such rows stay as they are
+def test_image_rows_straddled_by_a_tile_are_merged_in_layout_too():
+    # 5 x 2 rows against 16 columns: fused as loops into 10 rows, a 5-row tile straddled two of
+    # the outer rows, and its write-back covered both, outputs it never computed included (an
+    # LSTM's input projection gave wrong results); the accumulator is now laid out by merged
+    # row, so the write-back covers exactly the tile's rows
     from tvm import te
 
     x = te.placeholder((5, 2, 3), name="x")
@@ -746,3 +747,30 @@ def test_image_rows_are_fused_only_where_tiles_hold_whole_rows():
     rng = np.random.default_rng(0)
     a, w = rng.standard_normal((5, 2, 3)).astype("float32"), rng.standard_normal((3, 16)).astype("float32")
     np.testing.assert_allclose(_run(func, a, w, out_shape=(5, 2, 16)), a @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_7x7_convolution_tiles_its_49_rows_across_image_rows_with_its_epilogue():
+    # a 7-pixel image row took 7x1 tiles (7 broadcasts per 7 FMAs); merged, the 49 pixels take
+    # 6x2 tiles straddling image rows (ResNet-50's 7x7 and 14x14 convolutions 1.37x faster).
+    # The epilogue is re-laid too, and computed per tile: a box around straddling rows in the
+    # image's dimensions would cover outputs the tile has not computed
+    from tvm import te
+
+    x = te.placeholder((1, 9, 9, 32), name="x")  # padded input of a 3x3 convolution
+    b = te.placeholder((3, 3, 32, 64), name="B")
+    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 32), "rc")
+    conv = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
+                                                               axis=[ry, rx, rc]), name="conv")
+    relu = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.max(conv[n, h, w, o], 0.0), name="relu")
+    func = schedule_cpu(te.create_prim_func([x, b, relu]), lanes=8, acc=12)
+    assert (6, "unroll") in _update_loops(func)
+    assert "49, 64)" in func.script()  # the intermediate: one axis of rows over the whole image
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    tile = sch.get_loops(sch.get_sblock("conv_update"))[0]
+    assert sch.get(sch.get_loops(sch.get_sblock("relu"))[0]).same_as(sch.get(tile))  # the epilogue inside the tile
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((1, 9, 9, 32)).astype("float32"), rng.standard_normal((3, 3, 32, 64)).astype("float32")
+    want = np.maximum(sum(a[:, i:i + 7, j:j + 7, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
+    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 7, 7, 64)), want, rtol=1e-4, atol=1e-4)
