@@ -287,13 +287,15 @@ def _image_rows(
     acc: int,
     r_loops: list,
 ) -> tuple[list, list[str], int, bool, list, tuple[int, int] | None]:
-    """A short image row (a 2x2 or 4x4 channels-last feature map) fused with the image row
-    above it, so that a register tile takes its rows from the whole image: (s_loops, s_vars,
-    row, whether fused). Two rows of a 2x2 image filled 4 of 12 accumulators and streamed the
-    weights once per image row (ResNeXt's 1024 -> 2048 1x1 convolution, cold: 709 -> 520 us).
-    Only where the weights do not depend on the image row either, and where tiles hold whole
-    image rows: a tile straddling two of them (5 rows of a 5x2 batch) had its write-back cover
-    both, including outputs it never computed (wrong results, seen on an LSTM)."""
+    """An image row merged with the image row above it, so that a register tile takes its
+    rows from the whole image: (s_loops, s_vars, row, whether merged, r_loops, what
+    `_flatten_rows` left to re-lay). Two rows of a 2x2 image filled 4 of 12 accumulators and
+    streamed the weights once per image row (ResNeXt's 1024 -> 2048 1x1 convolution, cold: 709
+    -> 520 us); 7- and 14-pixel rows took 7x1 tiles or padded 5-row ones. Only where the
+    weights do not depend on the image row either. Where tiles hold whole image rows the loops
+    are fused; where they would straddle two (5 rows of a 5x2 batch; 4-row tiles over 7x7)
+    the block and its epilogues are re-laid (`_flatten_rows`), and only where the merged
+    rows' tile beats the image row's own."""
     unchanged = s_loops, s_vars, row, False, r_loops, None
     if row == 0 or row != len(s_loops) - 2:
         return unchanged
@@ -311,7 +313,14 @@ def _image_rows(
         s_loops = [*s_loops[: row - 1], sch.fuse(s_loops[row - 1], s_loops[row]), s_loops[-1]]
         return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True, r_loops, None
     own = _tile_shape(ext_row, ext_j // width, acc, wide)
+    ti, tv = _tile_shape(rows, ext_j // width, acc, wide, predicated=True)
     if ext_row % own[0] == 0 and _tile_score(*own, ext_row) >= _tile_score(ti, tv, rows):
+        return unchanged
+    if rows % ti and rows < 8 * ti:
+        # a partial last tile is predicated: where it is more than one tile in eight, that
+        # cost more than the merge gained (SqueezeNet's 3x3 images, 9 rows as a 5-row tile and
+        # a predicated one: 0.6x against 3-row tiles; a 7x7 image in 6-row tiles, the ninth
+        # predicated: 1.4x)
         return unchanged
     flat = _flatten_rows(sch, block, s_vars[row - 1], s_vars[row])
     if flat is None:
@@ -441,7 +450,7 @@ def _gemm_tiles(
     if ext_i == 1:  # one row: the accumulators go to columns, whole cache lines of B per k
         ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
     else:
-        ti, tv = _tile_shape(ext_i, vectors, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]))
+        ti, tv = _tile_shape(ext_i, vectors, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]), fused_rows)
     tj = tv * width
     copies_in: list = []
     copies_out: list = []
@@ -573,17 +582,20 @@ def _pad_rows(
             [lp for k, lp in enumerate(loops) if k not in spatial])
 
 
-def _tile_shape(rows: int, vectors: int, acc: int, wide: bool = True) -> tuple[int, int]:
+def _tile_shape(rows: int, vectors: int, acc: int, wide: bool = True, predicated: bool = False) -> tuple[int, int]:
     """(rows, vectors) of a register tile over `rows` x `vectors` outputs, the one that reuses
     loads best: three vectors wide over at least 4 rows where they divide the columns and each
     row's input is one broadcast (`wide`; AVX2's 12 accumulators as 4x3 rather than 4x2:
     GoogLeNet's 3x3 convolutions on 16x16 and 8x8 images 1.2x faster), else two vectors, unless
     one vector with more rows reuses loads better (a 7-row image: 7x1 rather than 1x2). A
     depthwise convolution loads a vector of input per row and column: 3 vectors wide, its
-    registers spilled (MobileNetV2's: 0.5-0.8x)."""
+    registers spilled (MobileNetV2's: 0.5-0.8x). Where a last partial tile is `predicated`
+    rather than padded (rows merged across image rows), three vectors only over whole tiles:
+    the predicate's registers spilled them (a 7x7 image's 49 rows against 960 columns: 4x3
+    tiles 259 us, 6x2 138 us)."""
     widths = (3, 2, 1) if wide else (2, 1)
     shapes = [(_row_tile(rows, acc // v), v) for v in widths if vectors % v == 0]
-    shapes = [(ti, tv) for ti, tv in shapes if tv < 3 or ti >= 4]
+    shapes = [(ti, tv) for ti, tv in shapes if tv < 3 or (ti >= 4 and not (predicated and rows % ti))]
     return max(shapes, key=lambda s: _tile_score(*s, rows))
 
 
