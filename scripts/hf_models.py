@@ -14,6 +14,10 @@ REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
 # (`python scripts/benchmark.py --models unseen`)
 UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "convnext", "efficientnet", "regnet",
           "segformer", "whisper_encoder"]
+# the stock configurations at deployment sizes (224x224 images, 128 tokens): the suite above uses
+# small ones so that a run fits in an hour; these show where the kernels stand on real shapes
+# (`python scripts/benchmark.py --models fullsize`)
+FULLSIZE = ["bert_base", "resnet50", "mobilenetv2_224"]
 
 
 def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
@@ -24,9 +28,13 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
     torch.manual_seed(0)
     ids = (torch.randint(0, 1000, (1, 32)),)
     image32, image64 = (torch.randn(1, 3, 32, 32),), (torch.randn(1, 3, 64, 64),)
+    image224, ids128 = (torch.randn(1, 3, 224, 224),), (torch.randint(0, 1000, (1, 128)),)
     audio = (torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(1)),)  # leaves the seed's stream alone
     small_tf = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512)
     table = {
+        "bert_base": (lambda: tf.BertModel(tf.BertConfig()), ids128, ["input_ids"]),
+        "resnet50": (lambda: tf.ResNetModel(tf.ResNetConfig()), image224, ["pixel_values"]),
+        "mobilenetv2_224": (lambda: tf.MobileNetV2Model(tf.MobileNetV2Config()), image224, ["pixel_values"]),
         "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
         "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000,
                                                      n_positions=64, bos_token_id=0, eos_token_id=0)),
