@@ -732,12 +732,18 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # zero width (1x1 convolutions) is a plain copy and is inlined like any elementwise block.
     # A pooling window's padding is inlined: its test depends on the image position only, not
     # on the vectorised channels (SqueezeNet's 3x3 max pool: 11 -> 4.5 us).
-    pads = [i for i in infos if _is_padding(sch, i.block_rv) and _feeds_product(sch, i.block_rv)]
+    # So is a depthwise convolution's: it reads its input as vectors along the channels too,
+    # and the materialised copy doubled the traffic of a kernel that is memory-bound
+    # (MobileNetV2-224's, kernels alone: 112x112x96 stride 2 1401 -> 546 us, 56x56x144 966 ->
+    # 713 us; all ten of them 1.53x, those of the 64x64 MobileNetV2 2.1x).
+    vector_pads = [i for i in infos if _is_padding(sch, i.block_rv) and _read_as_vectors(sch, i.block_rv)]
+    pads = [i for i in infos if _is_padding(sch, i.block_rv) and _feeds_product(sch, i.block_rv)
+            and i not in vector_pads]
     # arithmetic feeding a matmul/conv stays a stage of its own: inlined, it would be recomputed
     # for every output that reads its value (a GELU before a projection: 128 times per element,
     # 5 -> 136 us in BERT); copies, reshapes and transposes inline as index arithmetic
-    kept = pads + [i for i in infos
-                   if i not in pads and _feeds_product(sch, i.block_rv) and not _is_copy(sch, i.block_rv)]
+    kept = pads + [i for i in infos if i not in pads and i not in vector_pads
+                   and _feeds_product(sch, i.block_rv) and not _is_copy(sch, i.block_rv)]
     infos = kept + try_inline(sch, [i for i in infos if i not in kept])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:
@@ -967,6 +973,23 @@ def _feeds_product(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether a matmul/conv-like block reads `block`'s output, directly or through copies."""
     return any(_reuses_inputs(sch, c) or (_is_copy(sch, c) and _feeds_product(sch, c))
                for c in sch.get_consumers(block))
+
+
+def _read_as_vectors(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether every consumer of `block` is a matmul/conv-like block reading its output along
+    the consumer's own innermost output axis (a depthwise convolution's channels), rather than
+    one value for a whole row of outputs (a convolution's input channel)."""
+    consumers = sch.get_consumers(block)
+    written = [w.source for w in sch.get(block).writes]
+    for c in consumers:
+        blk = sch.get(c)
+        spatial = [iv.var for iv in blk.iter_vars if int(iv.iter_type) != _REDUCE]
+        if not spatial or not _reuses_inputs(sch, c):
+            return False
+        regions = [r for r in blk.reads if any(r.source.same_as(w) for w in written)]
+        if not regions or not all(r.region and _uses(r.region[-1].min, spatial[-1]) for r in regions):
+            return False
+    return bool(consumers)
 
 
 def _is_copy(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -774,3 +774,34 @@ def test_a_7x7_convolution_tiles_its_49_rows_across_image_rows_with_its_epilogue
     a, w = rng.standard_normal((1, 9, 9, 32)).astype("float32"), rng.standard_normal((3, 3, 32, 64)).astype("float32")
     want = np.maximum(sum(a[:, i:i + 7, j:j + 7, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
     np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 7, 7, 64)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_depthwise_convolutions_padding_is_inlined_a_convolutions_is_not():
+    # a depthwise convolution reads its input as vectors along the channels, like a pooling
+    # window: its padding's test is uniform across the lanes, and as a copy of its own it
+    # doubled the traffic of a memory-bound kernel. A convolution reads one input value per
+    # row of outputs, a broadcast: inlined, the test sat in its innermost loop
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
+    dw = relax.const(np.random.default_rng(0).standard_normal((32, 1, 3, 3)).astype("float32"))
+    full = relax.const(np.random.default_rng(1).standard_normal((16, 32, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, dw, padding=1, groups=32))
+            out = bb.emit_output(relax.op.nn.conv2d(y, full, padding=1))
+        bb.emit_func_output(out)
+    from autofuse.workload import prepare
+
+    w = prepare(bb.get())
+    fused = apply.apply_plan(w.mod, w.graph, w.unfused())
+    convs = {gv.name_hint: f for gv, f in fused.functions.items() if "conv2d" in gv.name_hint}
+    assert len(convs) == 2
+    padded = {int(f.params[1].shape[-2]): 'sblock("pad_temp")' in schedule_cpu(f, lanes=8, acc=12).script()
+              for f in convs.values()}  # by the weights' input channels (HWIO): 1 for the depthwise one
+    assert padded == {1: False, 32: True}
+    target = build.make_target("llvm")
+    feeds = random_inputs(w.inputs)
+    want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
