@@ -359,6 +359,8 @@ def _flatten_rows(
     params = {buf.name for buf in sch.mod["main"].params}
     width = int(out.shape[dim + 1])
     consumers = []
+    if out.name in params and sch.get_consumers(block):
+        return None  # a parameter read back in the kernel: its readers would need re-laying too
     if out.name not in params:
         for consumer in sch.get_consumers(block):
             found = _elementwise_rows(sch, consumer, out, dim, params)
@@ -405,13 +407,14 @@ def _elementwise_rows(
     if any(w.source.name not in params for w in blk.writes):
         return None
     vars_ = [iv.var for iv in blk.iter_vars]
+    found = set()
     for region in blk.reads:
         if region.source.same_as(buf):
             k = next((i for i, v in enumerate(vars_[:-1]) if region.region[dim].min.same_as(v)), None)
             if k is None or _merged_dims(region, vars_[k], vars_[k + 1]) != dim:
                 return None
-            return k, len(vars_)
-    return None
+            found.add(k)
+    return (found.pop(), len(vars_)) if len(found) == 1 else None
 
 
 def _merge_map(pos: int, width: int, ndim: int, dtype: str) -> tirx.IndexMap:
