@@ -399,6 +399,7 @@ def main() -> None:
     ap.add_argument("--kernel-plans", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--out", default="benchmarks")
+    ap.add_argument("--export-only", action="store_true", help="write OUT/models/NAME.onnx and stop")
     args = ap.parse_args()
     # the stock TVM baseline runs in this process: the same threads as the measurement worker
     # (TVM's own default on x86 is half the logical CPUs); set before TVM starts its thread pool
@@ -407,6 +408,10 @@ def main() -> None:
         args.models, args.models.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.export_only:
+        for name in names:
+            print(export(name, out)[0])
+        return
     limits = machine_limits()  # measured again at the end: the best of both (a busy moment only lowers them)
     results: list[dict[str, Any]] = []
 

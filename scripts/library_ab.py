@@ -1,0 +1,36 @@
+"""Time compiled model libraries (`autofuse apply -o LIB.so`, e.g. built at two commits) in turns.
+
+One process, the runtime only; build.time_interleaved takes sample i of every library back to
+back, so a slow spell of a noisy host hits both. Prints each library's median and the paired
+ratio of the first to each other (above 1: the other is faster).
+
+    TVM_NUM_THREADS=2 python scripts/library_ab.py 1x3x224x224 OLD.so NEW.so [--repeat 24]
+"""
+
+import argparse
+
+import numpy as np
+import tvm
+
+from autofuse.build import MeasureConfig
+from autofuse.build import time_interleaved
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shape", help="the model's one float32 input, e.g. 1x3x224x224")
+    ap.add_argument("libs", nargs="+")
+    ap.add_argument("--repeat", type=int, default=24)
+    args = ap.parse_args()
+    shape = [int(d) for d in args.shape.split("x")]
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    mods = [tvm.runtime.load_module(p) for p in args.libs]
+    samples = time_interleaved(mods, tvm.cpu(0), [x], MeasureConfig(repeat=args.repeat))
+    for path, s in zip(args.libs, samples):
+        print(f"{path:40s} median {np.median(s) * 1e3:8.2f} ms  (min {min(s) * 1e3:.2f}, max {max(s) * 1e3:.2f})")
+    for path, s in zip(args.libs[1:], samples[1:]):
+        print(f"paired {args.libs[0]} / {path}: {np.median(np.array(samples[0]) / np.array(s)):.3f}")
+
+
+if __name__ == "__main__":
+    main()
