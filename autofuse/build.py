@@ -207,14 +207,14 @@ def compile_repairing(
     nest last), then compile again. Returns the executable and the kernels it was built from.
     Checking kernels one by one costs ~40 ms each, so it only runs once a build failed."""
     try:
-        return compile_scheduled(scheduled, target), scheduled
+        return compile_scheduled(scheduled, target, fused), scheduled
     except Exception:
         if target.kind.name != "llvm":
             raise
         repaired = _repair_kernels(fused, scheduled, target)
         if repaired is None:
             raise
-    return compile_scheduled(repaired, target), repaired
+    return compile_scheduled(repaired, target, fused), repaired
 
 
 def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
@@ -244,13 +244,22 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
     return out if changed else None
 
 
-def compile_scheduled(scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
+def compile_scheduled(
+    scheduled: tvm.IRModule, target: tvm.target.Target, fused: tvm.IRModule | None = None
+) -> tvm.runtime.Executable:
+    """Lower and compile a scheduled module: constant weights re-laid for their kernels, kernel
+    outputs written over inputs nothing reads afterwards where `fused` (the module before
+    scheduling) is given (inplace.py), then TVM's VM lowering."""
+    from autofuse.inplace import reuse_dead_inputs
     from autofuse.schedule import pack_constants
 
     @tvm.transform.module_pass(opt_level=0, name="AutofuseLowering")
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(_lowering_passes(target))(pack_constants(mod))
+            mod = pack_constants(mod)
+            if fused is not None:
+                mod = reuse_dead_inputs(mod, fused)
+            return tvm.transform.Sequential(_lowering_passes(target))(mod)
 
     return tvm.compile(scheduled, target=target, relax_pipeline=pipeline)
 

@@ -772,7 +772,30 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
             if par is not None:  # decompose_reduction and cache_write add blocks consumers read
                 for inside in sch.get_child_blocks(par):
                     anchors[sch.get(inside).name_hint] = par
+    _tile_buffers_local(sch, anchors)
     return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+
+
+def _tile_buffers_local(sch: s_tir.Schedule, anchors: dict[str, s_tir.schedule.LoopRV]) -> None:
+    """Buffers written and read only inside one parallel tile (the copy of a register tile's
+    accumulator its epilogue reads) in local scope. TIR shrinks them to the tile either way, but
+    a buffer of 1 KiB or more inside a parallel loop (an 8x32 float tile: AVX-512's 8x2 vectors)
+    comes from the runtime's workspace pool at every iteration; in local scope TIR's storage
+    rewrite gives the copy the accumulator's own storage, one allocation per tile instead of two.
+    ResNet-50's 56x56 1x1 convolution + residual add: 311 -> 270 us warm, 566 -> 440 us cold."""
+    params = list(sch.mod["main"].params)  # buffers, in TVM 0.27
+    for name, par in anchors.items():
+        block = sch.get_sblock(name)
+        writes = sch.get(block).writes
+        if len(writes) != 1:
+            continue
+        buf = writes[0].source
+        if buf.scope() != "global" or any(buf.same_as(p) for p in params):
+            continue
+        loop = sch.get(par)
+        inside = lambda b: any(sch.get(lp).same_as(loop) for lp in sch.get_loops(b))  # noqa: E731
+        if inside(block) and all(inside(c) for c in sch.get_consumers(block)):
+            sch.set_scope(block, 0, "local")
 
 
 # --- row kernels: reductions and their broadcasts, one row at a time -----------------------------

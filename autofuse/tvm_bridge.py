@@ -29,6 +29,11 @@ def call_tir_op() -> tvm.ir.Op:
     return tvm.ir.Op.get("relax.call_tir")
 
 
+@lru_cache(maxsize=1)
+def call_tir_inplace_op() -> tvm.ir.Op:
+    return tvm.ir.Op.get("relax.call_tir_inplace")
+
+
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Legalize `mod` the way TVM's default pipeline does before FuseOps, plus inference folds.
 
@@ -232,12 +237,12 @@ def main_block(mod: tvm.IRModule) -> MainBlock:
 
 
 def is_call_tir(binding: relax.Binding) -> bool:
-    value = binding.value
-    return (
-        isinstance(binding, relax.VarBinding)
-        and isinstance(value, relax.Call)
-        and value.op.same_as(call_tir_op())
-    )
+    return isinstance(binding, relax.VarBinding) and is_kernel_call(binding.value)
+
+
+def is_kernel_call(expr: relax.Expr) -> bool:
+    """A call of a PrimFunc: call_tir, or the call_tir_inplace that inplace.py makes of one."""
+    return isinstance(expr, relax.Call) and (expr.op.same_as(call_tir_op()) or expr.op.same_as(call_tir_inplace_op()))
 
 
 def _static_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
@@ -460,7 +465,7 @@ def repack_constants(
     class Repacker(relax.PyExprMutator):  # type: ignore[misc]
         def visit_call_(self, call: relax.Call) -> relax.Expr:
             new = super().visit_call_(call)
-            if not (new.op.same_as(call_tir_op()) and new.args[0].name_hint in packed):
+            if not (is_kernel_call(new) and new.args[0].name_hint in packed):
                 return new
             name = new.args[0].name_hint
             fields = list(new.args[1].fields)

@@ -8,7 +8,7 @@ rather than guessed (kernels v8: 16 accumulators on AVX-512, 12 on AVX2).
 
 Each kernel is compiled once per budget; every round times every variant once (median of 5
 repeats of at least 20 ms), and the table reports the median over rounds, with the number of
-times main calls the kernel; the sum weights each kernel by its calls. Set TVM_NUM_THREADS
+times main calls the kernel and the base variant's GFLOP/s; the sum weights each kernel by its calls. Set TVM_NUM_THREADS
 as the measurement worker does (autofuse.build.cpu_threads) to compare like with like.
 """
 
@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 import tvm
-from tvm import tirx
+from tvm.s_tir.analysis import estimate_tir_flops
 
 from autofuse.apply import fuse
 from autofuse.build import kernel_args
@@ -73,9 +73,11 @@ def main() -> None:
     calls = Counter(b.value.args[0].name_hint for b in main_block(fused).node_bindings)
     us = {n: [float(np.median(samples[(n, a)])) for a in accs] for n in names}
     print(f"{target.attrs.get('mcpu', '')}, {bits}-bit vectors; kernel us, median of {args.rounds} rounds")
-    print(f"{'kernel':55s}{'calls':>6s}" + "".join(f"{'acc ' + str(a):>10s}" for a in accs))
+    # GFLOP/s of the base variant: how far each kernel is from the machine's peak
+    flops = {n: float(estimate_tir_flops(tvm.IRModule({"main": kernels[n]}))) for n in names}
+    print(f"{'kernel':55s}{'calls':>6s}" + "".join(f"{'acc ' + str(a):>10s}" for a in accs) + f"{'GFLOP/s':>9s}")
     for n in sorted(names, key=lambda n: -max(us[n]) * calls[n])[: args.top]:
-        print(f"{n[:55]:55s}{calls[n]:6d}" + "".join(f"{t:10.1f}" for t in us[n]))
+        print(f"{n[:55]:55s}{calls[n]:6d}" + "".join(f"{t:10.1f}" for t in us[n]) + f"{flops[n] / us[n][0] / 1e3:9.1f}")
     label = f"sum over {sum(calls[n] for n in names)} calls of {len(names)} kernels"
     print(f"{label:61s}" + "".join(f"{sum(us[n][k] * calls[n] for n in names):10.1f}" for k in range(len(accs))))
 

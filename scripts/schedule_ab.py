@@ -11,15 +11,17 @@ into one library and timed alternately (median over ROUNDS, default 5; 2 threads
 import sys, os, numpy as np, tvm
 if sys.argv[1] == "dump":
     from autofuse.apply import fuse
-    from autofuse.schedule import unscheduled_kernels, schedule_candidates
+    from autofuse.build import make_target
+    from autofuse.schedule import accumulators, schedule_candidates, unscheduled_kernels, vector_bits, vector_lanes
     from autofuse.workload import prepare
     out, model, names = sys.argv[2], sys.argv[3], sys.argv[4]
     os.makedirs(out, exist_ok=True)
     w = prepare(model)
     fused, _ = fuse(w.mod, w.graph, w.tvm_default())
     ks = {gv.name_hint: f for gv, f in unscheduled_kernels(fused).items()}
+    bits = vector_bits(make_target("llvm"))  # this machine's vectors, as the measurement worker
     for n in (ks if names == "all" else names.split(",")):
-        s = next(schedule_candidates(ks[n], 8, 12), ks[n])
+        s = next(schedule_candidates(ks[n], vector_lanes(ks[n], bits), accumulators(bits)), ks[n])
         open(f"{out}/{n}.py", "w").write(s.script())
     sys.exit()
 from autofuse.build import make_target

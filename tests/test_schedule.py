@@ -572,7 +572,8 @@ def test_constant_weights_are_repacked_once_in_tile_order():
     scheduled = build.schedule(fused, target, "rules")
     name, kernel = _kernel(scheduled)
     tile = int(kernel.params[1].shape[-1])
-    assert [int(d) for d in kernel.params[1].shape] == [64 // tile, 96, tile] and tile in (8, 16)
+    lanes = vector_bits(target) // 32  # a tile is 1 or 2 vectors wide over 64 columns
+    assert [int(d) for d in kernel.params[1].shape] == [64 // tile, 96, tile] and tile in (lanes, 2 * lanes)
     assert [[int(v) for v in p] for p in kernel.attrs[PACKED_ATTR]] == [[1, tile]]
     weight = _constant_args(pack_constants(scheduled), name)
     np.testing.assert_array_equal(weight, w.reshape(96, 64 // tile, tile).transpose(1, 0, 2))
@@ -805,3 +806,29 @@ def test_a_depthwise_convolutions_padding_is_inlined_a_convolutions_is_not():
     feeds = random_inputs(w.inputs)
     want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_tiles_intermediate_is_local_to_the_tile_a_shared_one_is_not():
+    # the copy of a register tile's accumulator that its epilogue reads lives inside the tile:
+    # in global scope it was allocated from the runtime's workspace pool at every tile once
+    # it reached 1 KiB (AVX-512's 8x2 tiles; ResNet-50's 56x56 1x1 convolution + add 1.15x
+    # faster without). A padded input, written by all tiles' loop nest first, stays global
+    from tvm import te
+
+    x = te.placeholder((1, 8, 8, 32), name="x")
+    b = te.placeholder((3, 3, 32, 64), name="B")
+    pad = te.compute((1, 10, 10, 32), lambda n, h, w, c: te.if_then_else(
+        te.all(h >= 1, h < 9, w >= 1, w < 9), x[n, h - 1, w - 1, c], 0.0), name="pad")
+    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 32), "rc")
+    conv = te.compute((1, 8, 8, 64), lambda n, h, w, o: te.sum(pad[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
+                                                               axis=[ry, rx, rc]), name="conv")
+    relu = te.compute((1, 8, 8, 64), lambda n, h, w, o: te.max(conv[n, h, w, o], 0.0), name="relu")
+    func = schedule_cpu(te.create_prim_func([x, b, relu]), lanes=16, acc=16)
+    allocs = [line.strip() for line in func.script().splitlines() if "sblock_alloc_buffer" in line]
+    assert [a.split(" =")[0] for a in allocs if 'scope="local"' not in a] == ["pad"]
+    assert len(allocs) == 3  # pad, and the tile's accumulator and its copy, both local
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((1, 8, 8, 32)).astype("float32"), rng.standard_normal((3, 3, 32, 64)).astype("float32")
+    p = np.pad(a, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = np.maximum(sum(p[:, i:i + 8, j:j + 8, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
+    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 8, 8, 64)), want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,166 @@
+"""inplace.py: kernel outputs written over dead inputs, only where that cannot change a result."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from autofuse import apply
+from autofuse import build
+from autofuse.inplace import reuse_dead_inputs
+from autofuse.schedule import pack_constants
+from autofuse.workload import prepare
+
+N = 32
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((N, N)).astype("float32") / 4
+W2 = RNG.standard_normal((N, N)).astype("float32") / 4
+
+
+def _residual_block(variant: str) -> tvm.IRModule:
+    """a = relu(2x); b = a @ W1; out = f(b @ W2 + residual): the residual add fuses into the
+    second matmul's kernel, the one that may write its output over the residual."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((N, N), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(relax.op.multiply(x, relax.const(2.0, "float32"))))
+            b = bb.emit(relax.op.matmul(a, relax.const(W1)))
+            residual = {
+                "dead": a,  # read for the last time by the residual add
+                "parameter": x,  # the caller's tensor
+            }.get(variant, a)
+            if variant == "view":  # a reshape is a view of its input: writing it writes `a`
+                residual = bb.emit(relax.op.reshape(relax.op.reshape(a, (N * N,)), (N, N)))
+            c = bb.emit(relax.op.add(relax.op.matmul(b, relax.const(W2)), residual))
+            out = relax.op.multiply(c, relax.const(3.0, "float32"))
+            if variant in ("read_later", "view"):  # `a` is read again after the residual add
+                out = relax.op.add(out, a)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _reference(variant: str, x: np.ndarray) -> np.ndarray:
+    a = np.maximum(2 * x, 0)
+    residual = x if variant == "parameter" else a
+    out = 3 * ((a @ W1) @ W2 + residual)
+    return out + a if variant in ("read_later", "view") else out
+
+
+def _in_place_calls(mod: tvm.IRModule) -> list[str]:
+    op = tvm.ir.Op.get("relax.call_tir_inplace")
+    return [b.value.args[0].name_hint for blk in mod["main"].body.blocks for b in blk.bindings
+            if isinstance(b.value, relax.Call) and b.value.op.same_as(op)]
+
+
+@pytest.mark.parametrize("variant,in_place", [
+    ("dead", 1), ("parameter", 0), ("read_later", 0), ("view", 0)])
+def test_a_residual_add_writes_over_its_input_only_where_nothing_else_reads_it(variant, in_place):
+    w = prepare(_residual_block(variant))
+    fused = apply.apply_plan(w.mod, w.graph, w.tvm_default())
+    target = build.make_target("llvm")
+    scheduled = build.schedule(fused, target, "rules")
+    rewritten = reuse_dead_inputs(pack_constants(scheduled), fused)
+    calls = _in_place_calls(rewritten)
+    assert len(calls) == in_place
+    if calls:  # the kernel lost its output parameter: it writes into its input
+        assert len(rewritten[calls[0]].params) == len(fused[calls[0]].params) - 1
+    x = RNG.standard_normal((N, N)).astype("float32")
+    ex = build.build(fused, target)
+    got = build.run(ex, tvm.cpu(), [x])[0]
+    np.testing.assert_allclose(got, _reference(variant, x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(build.run(ex, tvm.cpu(), [x])[0], got)  # a second run: same
+
+
+def _kernel(epilogue):
+    from tvm import te
+
+    a, b, r = (te.placeholder((N, N), name=n) for n in ("A", "B", "R"))
+    k = te.reduce_axis((0, N), name="k")
+    c = te.compute((N, N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return te.create_prim_func([a, b, r, epilogue(c, r)])
+
+
+@pytest.mark.parametrize("epilogue,inputs", [
+    (lambda c, r: c, []),  # R is not read at all (and A, B are read across a reduction)
+    (lambda c, r: te_add(c, r, lambda i, j: (i, j)), [2]),
+    (lambda c, r: te_relu(te_add(c, r, lambda i, j: (i, j))), [2]),  # through a chain
+    (lambda c, r: te_add(c, r, lambda i, j: (j, i)), []),  # element (j, i) feeds output (i, j)
+    (lambda c, r: te_add(c, r, lambda i, j: (i, (j + 1) % N)), []),
+])
+def test_a_kernel_may_overwrite_an_input_only_each_of_whose_elements_feeds_its_own(epilogue, inputs):
+    from autofuse.inplace import _inplace_args
+
+    assert _inplace_args(_kernel(epilogue)) == inputs
+
+
+def te_add(c, r, index):
+    from tvm import te
+
+    return te.compute((N, N), lambda i, j: c[i, j] + r[index(i, j)], name="add")
+
+
+def te_relu(x):
+    from tvm import te
+
+    return te.compute((N, N), lambda i, j: te.max(x[i, j], 0.0), name="relu")
+
+
+def test_a_kernel_called_where_one_call_cannot_run_in_place_stays_out_of_place():
+    # one add kernel, two calls: the first one's inputs are both read again later, the second
+    # one's first input is dead. Rewriting the shared kernel would break the first call;
+    # renaming it would lose the name per-kernel timings use: both calls stay out of place
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((N, N), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.exp(x))
+            b = bb.emit(relax.op.exp(a))
+            c = bb.emit(relax.op.add(a, b))
+            d = bb.emit(relax.op.exp(c))
+            e = bb.emit(relax.op.add(d, b))
+            out = bb.emit_output(relax.op.multiply(e, a))
+        bb.emit_func_output(out)
+    w = prepare(bb.get())
+    fused = apply.apply_plan(w.mod, w.graph, w.unfused())
+    target = build.make_target("llvm")
+    adds = [gv.name_hint for gv in fused.get_global_vars() if gv.name_hint.startswith("add")]
+    assert len(adds) == 1  # one kernel, two calls
+    calls = _in_place_calls(reuse_dead_inputs(pack_constants(build.schedule(fused, target, "rules")), fused))
+    assert calls == ["multiply"]  # e * a writes over e; neither add call is rewritten
+    x = RNG.standard_normal((N, N)).astype("float32") / 4
+    a = np.exp(x)
+    b = np.exp(a)
+    want = (np.exp(a + b) + b) * a
+    got = build.run(build.build(fused, target), tvm.cpu(), [x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+@pytest.mark.parametrize("aliased", [False, True])
+def test_a_tensor_also_reachable_through_a_tuple_is_not_overwritten(aliased):
+    # normalisation folds such tuples away; the pass must not rely on it
+    from tvm import te
+
+    def kernel(fn, arity):
+        xs = [te.placeholder((N, N), name=f"x{i}") for i in range(arity)]
+        return te.create_prim_func([*xs, te.compute((N, N), lambda i, j: fn(*(x[i, j] for x in xs)), name="y")])
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((N, N), "float32"))
+    exp = bb.add_func(kernel(te.exp, 1), "exp")
+    add = bb.add_func(kernel(lambda p, q: p + q, 2), "add")
+    mul = bb.add_func(kernel(lambda p, q: p * q, 2), "mul")
+    ty = relax.TensorType((N, N), "float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.call_tir(exp, [x], ty))
+            alias = bb.emit(relax.TupleGetItem(bb.emit(relax.Tuple([a])), 0)) if aliased else x
+            c = bb.emit(relax.call_tir(add, [x, a], ty))  # the last read of `a` by that name
+            out = bb.emit_output(relax.call_tir(mul, [c, alias], ty))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    op = tvm.ir.Op.get("relax.call_tir_inplace")
+    calls = [b.value.args[0].name_hint for blk in reuse_dead_inputs(mod, mod)["main"].body.blocks
+             for b in blk.bindings if isinstance(b.value, relax.Call) and b.value.op.same_as(op)]
+    assert calls == (["mul"] if aliased else ["add", "mul"])  # c is dead after the last call
