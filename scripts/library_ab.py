@@ -5,6 +5,7 @@ back, so a slow spell of a noisy host hits both. Prints each library's median an
 ratio of the first to each other (above 1: the other is faster).
 
     TVM_NUM_THREADS=2 python scripts/library_ab.py 1x3x224x224 OLD.so NEW.so [--repeat 24]
+    TVM_NUM_THREADS=2 python scripts/library_ab.py 1x128:int64 OLD.so NEW.so   # token ids (zeros)
 """
 
 import argparse
@@ -18,14 +19,19 @@ from autofuse.build import time_interleaved
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("shape", help="the model's one float32 input, e.g. 1x3x224x224")
+    ap.add_argument("inputs", help="the model's inputs in order, SHAPE[:DTYPE] joined by commas, "
+                    "e.g. 1x3x224x224 or 1x128:int64 (floats random, integers zero)")
     ap.add_argument("libs", nargs="+")
     ap.add_argument("--repeat", type=int, default=24)
     args = ap.parse_args()
-    shape = [int(d) for d in args.shape.split("x")]
-    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    rng, feeds = np.random.default_rng(0), []
+    for spec in args.inputs.split(","):
+        shape, _, dtype = spec.partition(":")
+        dims = [int(d) for d in shape.split("x")]
+        dtype = dtype or "float32"
+        feeds.append(rng.standard_normal(dims).astype(dtype) if "float" in dtype else np.zeros(dims, dtype))
     mods = [tvm.runtime.load_module(p) for p in args.libs]
-    samples = time_interleaved(mods, tvm.cpu(0), [x], MeasureConfig(repeat=args.repeat))
+    samples = time_interleaved(mods, tvm.cpu(0), feeds, MeasureConfig(repeat=args.repeat))
     for path, s in zip(args.libs, samples):
         print(f"{path:40s} median {np.median(s) * 1e3:8.2f} ms  (min {min(s) * 1e3:.2f}, max {max(s) * 1e3:.2f})")
     for path, s in zip(args.libs[1:], samples[1:]):
