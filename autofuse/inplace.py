@@ -34,6 +34,7 @@ from tvm import tirx
 from autofuse.tvm_bridge import call_tir_op
 from autofuse.tvm_bridge import is_kernel_call
 
+
 def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every call_tir that may run in-place a call_tir_inplace (see the module
     docstring). `unscheduled`: the same module as FuseTIR left it, whose kernels are analysed."""
@@ -59,9 +60,10 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
         if not isinstance(prim, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(prim):
             owned.difference_update(_reads(call))  # the VM makes a reshape a view of its input
             continue
-        owned.add(binding.var)
-        if not call.op.same_as(call_tir_op()):
+        if not call.op.same_as(call_tir_op()):  # already in-place: its output is an input's memory
+            owned.difference_update(_reads(call))
             continue
+        owned.add(binding.var)  # fresh memory, or (made in-place below) a dead input's
         name = call.args[0].name_hint
         if name not in safe:
             safe[name] = _inplace_args(unscheduled[name]) if name in unscheduled else []
@@ -70,14 +72,18 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
             choice[name] = k
         else:
             choice[name] = None
-    chosen = {name: k for name, k in choice.items() if k is not None}
+    elsewhere = {b.value.args[0].name_hint for gv, f in mod.functions.items() if gv.name_hint != "main"
+                 and isinstance(f, relax.Function) and isinstance(f.body, relax.SeqExpr)
+                 for blk in f.body.blocks for b in blk.bindings if is_kernel_call(b.value)}
+    chosen = {name: k for name, k in choice.items() if k is not None and name not in elsewhere}
     if not chosen:
         return mod
-    retyped = {}
+    retyped = {}  # kernel name -> (its new GlobalVar, the argument it overwrites, the kernel)
     for name, k in chosen.items():
         prim = mod[name]
+        prim = prim.specialize({prim.params[-1]: prim.params[k]})  # the output is now input k
         bb = relax.BlockBuilder()  # a GlobalVar carries its function's signature: a new one
-        retyped[name] = (bb.add_func(prim.specialize({prim.params[-1]: prim.params[k]}), name), k)
+        retyped[name] = (bb.add_func(prim, name), k, prim)
 
     @relax.expr_functor.mutator
     class InPlace(relax.PyExprMutator):  # type: ignore[misc]
@@ -85,16 +91,16 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
             new = super().visit_call_(call)
             if not new.op.same_as(call_tir_op()) or new.args[0].name_hint not in retyped:
                 return new
-            gv, k = retyped[new.args[0].name_hint]
+            gv, k, _ = retyped[new.args[0].name_hint]
             return relax.op.call_tir_inplace(gv, new.args[1], [k], new.ty_args[0])
 
     functions = {}
     for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
+        if gv.name_hint == "main":
             functions[gv] = InPlace(mod).visit_expr(func)
         elif gv.name_hint in retyped:
-            functions[retyped[gv.name_hint][0]] = mod[gv].specialize(
-                {mod[gv].params[-1]: mod[gv].params[retyped[gv.name_hint][1]]})
+            new_gv, _, prim = retyped[gv.name_hint]
+            functions[new_gv] = prim
         else:
             functions[gv] = func
     return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -164,3 +164,26 @@ def test_a_tensor_also_reachable_through_a_tuple_is_not_overwritten(aliased):
     calls = [b.value.args[0].name_hint for blk in reuse_dead_inputs(mod, mod)["main"].body.blocks
              for b in blk.bindings if isinstance(b.value, relax.Call) and b.value.op.same_as(op)]
     assert calls == (["mul"] if aliased else ["add", "mul"])  # c is dead after the last call
+
+
+def test_a_kernel_another_function_calls_too_is_left_out_of_place():
+    # only main's calls are analysed; rewriting the kernel would change another function's call
+    from tvm import te
+
+    xs = [te.placeholder((N, N), name=f"x{i}") for i in range(2)]
+    add_kernel = te.create_prim_func([*xs, te.compute((N, N), lambda i, j: xs[0][i, j] + xs[1][i, j], name="y")])
+    bb = relax.BlockBuilder()
+    add = bb.add_func(add_kernel, "add")
+    exp = bb.add_func(te.create_prim_func([xs[0], te.compute((N, N), lambda i, j: te.exp(xs[0][i, j]), name="e")]), "exp")
+    ty = relax.TensorType((N, N), "float32")
+    for name in ("main", "other"):
+        x = relax.Var("x", ty)
+        with bb.function(name, [x]):
+            with bb.dataflow():
+                a = bb.emit(relax.call_tir(exp, [x], ty))
+                out = bb.emit_output(relax.call_tir(add, [a, x], ty))  # `a` is dead: main's may run in place
+            bb.emit_func_output(out)
+    mod = bb.get()
+    assert _in_place_calls(reuse_dead_inputs(mod, mod)) == []
+    assert _in_place_calls(reuse_dead_inputs(tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                                                            if gv.name_hint != "other"}), mod)) == ["add"]
