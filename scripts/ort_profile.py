@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -30,8 +29,8 @@ def main() -> None:
     rng, feeds = np.random.default_rng(0), {}
     for i in sess.get_inputs():  # floats random, integers (token ids) zero; a named dimension as 1
         dims = [d if isinstance(d, int) else 1 for d in i.shape]
-        dtype = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32"}[i.type]
-        feeds[i.name] = rng.standard_normal(dims).astype(dtype) if dtype == "float32" else np.zeros(dims, dtype)
+        dtype = {"float": "float32", "double": "float64"}.get(i.type[len("tensor("):-1], i.type[len("tensor("):-1])
+        feeds[i.name] = rng.standard_normal(dims).astype(dtype) if "float" in dtype else np.zeros(dims, dtype)
     for _ in range(args.runs):
         sess.run(None, feeds)
     path = sess.end_profiling()
