@@ -23,10 +23,12 @@ and this rule only schedules what the database does not know.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -253,9 +255,29 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
 # divides it
 SERIAL_INNER = 64
 
-# the smallest L2 cache per core of the hosts measured (AMD EPYC, Zen 3): weights larger than
-# this are streamed from L3 or memory by every tile that reads them all
+# the smallest L2 cache per core of the hosts measured (AMD EPYC, Zen 3): what `l2_bytes` assumes
+# where the machine does not say
 L2_BYTES = 512 << 10
+
+
+@functools.lru_cache(maxsize=1)
+def l2_bytes() -> int:
+    """This machine's L2 cache per core (L2_BYTES where Linux's sysfs does not say): weights
+    larger than this are streamed from L3 or memory by every tile that reads them all."""
+    return _cache_bytes(Path("/sys/devices/system/cpu/cpu0/cache"), level=2) or L2_BYTES
+
+
+def _cache_bytes(root: Path, level: int) -> int | None:
+    """The data (or unified) cache of `level` described under a sysfs cache directory."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
+                size = (index / "size").read_text().strip().upper()
+                return int(size[:-1]) << {"K": 10, "M": 20}[size[-1]] if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            return None
+    return None
+
 
 # accumulator registers a register tile may use; the rest hold the broadcast inputs, the weight
 # vectors and LLVM's temporaries. AVX-512 has 32 vector registers: 16 accumulators (an 8x2 tile)
@@ -478,7 +500,7 @@ def _gemm_tiles(
     # images (cold): 1.1-1.5x faster
     weights = _read_bytes(sch, block, lambda r: _names(r, s_vars[-1]) and not _names(r, s_vars[row]))
     rows = _read_bytes(sch, block, lambda r: _names(r, s_vars[row]))
-    columns_outer = weights > rows and weights >= L2_BYTES
+    columns_outer = weights > rows and weights >= l2_bytes()
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
     sch.reorder(*order, *r_loops, ii, ji)
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK

@@ -680,12 +680,29 @@ def _binding(func, block_name, axis):
     return str(realize.iter_values[axis])
 
 
-@pytest.mark.parametrize("n, columns_outer", [(512, True), (64, False)])
-def test_weights_larger_than_l2_are_streamed_once(n, columns_outer):
-    # 12 rows in two 6-row tiles: with 1 MiB of weights, each row tile would stream them all
-    # from L3 or memory; the column tiles go outermost and a panel serves both row tiles. 128 KiB
-    # stay in L2: rows outermost, as before (ViT's 128 x 512 projections ran 1.1x slower
-    # otherwise)
+def test_the_l2_size_is_read_from_the_machine(tmp_path):
+    from autofuse.schedule import _cache_bytes
+
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"),
+                                                 (2, "Unified", "1024K"), (3, "Unified", "32M")]):
+        (tmp_path / f"index{index}").mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / f"index{index}" / name).write_text(f"{value}\n")
+    assert _cache_bytes(tmp_path, 2) == 1 << 20
+    assert _cache_bytes(tmp_path, 3) == 32 << 20
+    assert _cache_bytes(tmp_path, 1) == 48 << 10  # the data cache, not the instruction cache
+    assert _cache_bytes(tmp_path / "missing", 2) is None
+
+
+@pytest.mark.parametrize("columns_outer", [True, False])
+def test_weights_larger_than_l2_are_streamed_once(columns_outer):
+    # 12 rows in two 6-row tiles: with more weights than this machine's L2 holds (1 MiB or more),
+    # each row tile would stream them all from L3 or memory; the column tiles go outermost and
+    # a panel serves both row tiles. 128 KiB stay in L2: rows outermost, as before (ViT's 128 x
+    # 512 projections ran 1.1x slower otherwise)
+    from autofuse.schedule import l2_bytes
+
+    n = max(512, l2_bytes() // (512 * 4)) if columns_outer else 64
     func = schedule_cpu(_matmul(12, n, 512), lanes=8, acc=12)
     rows, cols = _binding(func, "C_update", 0), _binding(func, "C_update", 1)
     assert ("//" in cols and "%" in rows) == columns_outer
