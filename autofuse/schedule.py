@@ -113,8 +113,10 @@ def _schedule_spatial(
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
     serial for LLVM to handle."""
-    parallel = _work(sch, block) >= MIN_PARALLEL_WORK
     width = _vector_width(_extent(sch, loops[-1]), lanes)
+    # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
+    # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial
+    parallel = _work(sch, block) * (1 if width is not None else lanes) >= MIN_PARALLEL_WORK
     if width is not None:  # it divides the extent
         rest, inner = sch.split(loops[-1], [None, width])
         outer = sch.fuse(*loops[:-1], rest) if loops[:-1] else rest
