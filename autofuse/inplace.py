@@ -5,8 +5,8 @@ they write (a convolution's or a projection's residual add), can write its outpu
 input's memory once nothing reads the input afterwards. The input's cache lines are then read
 and written back, instead of a fresh output buffer's lines also being fetched before they are
 written; ONNX Runtime's Conv + Sum does the same. ResNet-50's 56x56 1x1 convolution + residual
-add ran 602 us a call in the model, ONNX Runtime's 249 (kernel alone, caches flushed: 440 ->
-330 us in-place).
+add ran 602 us a call in the model, ONNX Runtime's 249; in-place, 315-329 us
+(`scripts/vm_profile.py`, `scripts/ort_profile.py`).
 
 It runs on the scheduled module, before the VM lowering: TIR's schedule primitives refuse a
 kernel that reads a buffer after another block wrote it ("not a stage pipeline"), so kernels
@@ -31,6 +31,7 @@ from tvm import relax
 from tvm import s_tir
 from tvm import tirx
 
+from autofuse.schedule import _is_one
 from autofuse.tvm_bridge import call_tir_op
 from autofuse.tvm_bridge import is_kernel_call
 
@@ -44,29 +45,29 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
     bindings = [b for block in main.body.blocks for b in block.bindings]
     last = {}  # variable -> position of the last binding that reads it (the return: after all)
     for pos, binding in enumerate(bindings):
-        for var in _reads(binding.value):
+        for var in relax.analysis.free_vars(binding.value):
             last[var] = pos
-    for var in _reads(main.body.body):
+    for var in relax.analysis.free_vars(main.body.body):
         last[var] = len(bindings)
     owned: set[relax.Var] = set()  # tensors main computed into memory of their own, no views
     choice: dict[str, int | None] = {}  # kernel name -> the argument every call overwrites
-    safe: dict[str, list[int]] = {}  # kernel name -> the inputs it may overwrite
+    safe: dict[str, list[int] | None] = {}  # kernel name -> the inputs it may overwrite
     for pos, binding in enumerate(bindings):
         call = binding.value
         if not (isinstance(binding, relax.VarBinding) and is_kernel_call(call)):
-            owned.difference_update(_reads(call))  # a tuple, a view: memory now shared
+            owned.difference_update(relax.analysis.free_vars(call))  # a tuple: memory now shared
             continue
-        prim = mod[call.args[0]]
-        if not isinstance(prim, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(prim):
-            owned.difference_update(_reads(call))  # the VM makes a reshape a view of its input
-            continue
-        if not call.op.same_as(call_tir_op()):  # already in-place: its output is an input's memory
-            owned.difference_update(_reads(call))
-            continue
-        owned.add(binding.var)  # fresh memory, or (made in-place below) a dead input's
         name = call.args[0].name_hint
         if name not in safe:
-            safe[name] = _inplace_args(unscheduled[name]) if name in unscheduled else []
+            prim = mod[call.args[0]]
+            if not isinstance(prim, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(prim):
+                safe[name] = None  # a reshape: the VM makes it a view of its input
+            else:
+                safe[name] = _inplace_args(unscheduled[name]) if name in unscheduled else []
+        if safe[name] is None or not call.op.same_as(call_tir_op()):  # a view, or already in place
+            owned.difference_update(relax.analysis.free_vars(call))
+            continue
+        owned.add(binding.var)  # fresh memory, or (made in-place below) a dead input's
         k = _overwritable(call, safe[name], owned, last, pos)
         if k is not None and choice.get(name, k) == k:
             choice[name] = k
@@ -123,15 +124,9 @@ def _overwritable(
             continue
         ty = arg.ty
         if isinstance(ty, relax.TensorType) and isinstance(out, relax.TensorType) and ty.dtype == out.dtype \
-                and _same_shape(ty, out):
+                and tvm_ffi.structural_equal(ty.shape, out.shape):
             return k
     return None
-
-
-def _same_shape(a: relax.TensorType, b: relax.TensorType) -> bool:
-    sa, sb = getattr(a.shape, "values", None), getattr(b.shape, "values", None)
-    return sa is not None and sb is not None and len(sa) == len(sb) and all(
-        isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm) and int(x) == int(y) for x, y in zip(sa, sb))
 
 
 def _inplace_args(prim: object) -> list[int]:
@@ -183,10 +178,6 @@ def _same_element(read: list, write: list) -> bool:
     )
 
 
-def _is_one(expr: object) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
-
-
 def _all_blocks(sch: s_tir.Schedule) -> list:
     out, todo = [], [sch.get_sblock("root")]
     while todo:
@@ -194,19 +185,3 @@ def _all_blocks(sch: s_tir.Schedule) -> list:
         out.extend(children)
         todo.extend(children)
     return out
-
-
-def _reads(expr: relax.Expr) -> list[relax.Var]:
-    """The variables `expr` reads."""
-    found: list[relax.Var] = []
-
-    @relax.expr_functor.visitor
-    class Reads(relax.PyExprVisitor):  # type: ignore[misc]
-        def visit_var_(self, var: relax.Var) -> None:
-            found.append(var)
-
-        def visit_dataflow_var_(self, var: relax.DataflowVar) -> None:
-            found.append(var)
-
-    Reads().visit_expr(expr)
-    return found

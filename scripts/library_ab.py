@@ -5,7 +5,7 @@ back, so a slow spell of a noisy host hits both. Prints each library's median an
 ratio of the first to each other (above 1: the other is faster).
 
     TVM_NUM_THREADS=2 python scripts/library_ab.py 1x3x224x224 OLD.so NEW.so [--repeat 24]
-    TVM_NUM_THREADS=2 python scripts/library_ab.py 1x128:int64 OLD.so NEW.so   # token ids (zeros)
+    TVM_NUM_THREADS=2 python scripts/library_ab.py 1x128:int64 OLD.so NEW.so   # token ids
 """
 
 import argparse
@@ -15,21 +15,18 @@ import tvm
 
 from autofuse.build import MeasureConfig
 from autofuse.build import time_interleaved
+from autofuse.importer import InputSpec
+from autofuse.importer import random_inputs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", help="the model's inputs in order, SHAPE[:DTYPE] joined by commas, "
-                    "e.g. 1x3x224x224 or 1x128:int64 (floats random, integers zero)")
+                    "e.g. 1x3x224x224 or 1x128:int64 (as importer.random_inputs makes them)")
     ap.add_argument("libs", nargs="+")
     ap.add_argument("--repeat", type=int, default=24)
     args = ap.parse_args()
-    rng, feeds = np.random.default_rng(0), []
-    for spec in args.inputs.split(","):
-        shape, _, dtype = spec.partition(":")
-        dims = [int(d) for d in shape.split("x")]
-        dtype = dtype or "float32"
-        feeds.append(rng.standard_normal(dims).astype(dtype) if "float" in dtype else np.zeros(dims, dtype))
+    feeds = random_inputs([InputSpec.parse(f"input{i}:{spec}") for i, spec in enumerate(args.inputs.split(","))])
     mods = [tvm.runtime.load_module(p) for p in args.libs]
     samples = time_interleaved(mods, tvm.cpu(0), feeds, MeasureConfig(repeat=args.repeat))
     for path, s in zip(args.libs, samples):

@@ -15,6 +15,9 @@ import os
 import numpy as np
 import onnxruntime as ort
 
+from autofuse.importer import InputSpec
+from autofuse.importer import random_inputs
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,11 +29,10 @@ def main() -> None:
     so.enable_profiling = True
     so.intra_op_num_threads = args.threads
     sess = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
-    rng, feeds = np.random.default_rng(0), {}
-    for i in sess.get_inputs():  # floats random, integers (token ids) zero; a named dimension as 1
-        dims = [d if isinstance(d, int) else 1 for d in i.shape]
-        dtype = {"float": "float32", "double": "float64"}.get(i.type[len("tensor("):-1], i.type[len("tensor("):-1])
-        feeds[i.name] = rng.standard_normal(dims).astype(dtype) if "float" in dtype else np.zeros(dims, dtype)
+    specs = [InputSpec(i.name, tuple(d if isinstance(d, int) else 1 for d in i.shape),  # a named dimension as 1
+                       {"float": "float32", "double": "float64"}.get(i.type[7:-1], i.type[7:-1]))  # "tensor(int64)"
+             for i in sess.get_inputs()]
+    feeds = dict(zip([s.name for s in specs], random_inputs(specs)))
     for _ in range(args.runs):
         sess.run(None, feeds)
     path = sess.end_profiling()
