@@ -288,6 +288,18 @@ def _cache_bytes(root: Path, level: int) -> int | None:
 # 1.5-2x faster (sum of its kernels 63 -> 39 us; 8 accumulators: 41 us, and ViT's 17-token
 # GEMMs 1.3x slower than with 12).
 ACCUMULATORS = 16
+# streamed weights (see _stream_chunk): constant weights of at least STREAM_BYTES that outweigh
+# the rows they meet, read in chunks of a column tile's panel of at most STREAM_CHUNK_BYTES (a
+# third of a 48 KiB L1); the next chunk prefetched in bursts of about PREFETCH_BURST cache
+# lines, at most every PREFETCH_STEPS reduction steps; rows split into groups where there are
+# fewer than STREAM_MIN_TILES column tiles to share out between threads
+STREAM_BYTES = 256 << 10
+STREAM_CHUNK_BYTES = 16 << 10
+PREFETCH_STEPS = 16
+PREFETCH_BURST = 8
+STREAM_MIN_TILES = 8
+CACHE_LINE = 64
+PREFETCH_ATTR = "autofuse_prefetch"
 
 
 def accumulators(vector_bits: int) -> int:
@@ -491,7 +503,7 @@ def _gemm_tiles(
     panels = {block_vars[s_vars[row]]: ti} if s_vars[row] in block_vars and not fused_rows else {}
     if j is s_loops[-1] and s_vars[-1] in block_vars:
         panels[block_vars[s_vars[-1]]] = tj
-    _pack_weights(sch, block, panels)
+    packed = _pack_weights(sch, block, panels)
     io, ii = sch.split(i, [None, ti])  # without padding, a partial last tile is predicated
     jo, ji = sch.split(j, [None, tj])
     # weights that do not stay in L2 are streamed once: column tiles outermost, where they
@@ -504,7 +516,31 @@ def _gemm_tiles(
     rows = _read_bytes(sch, block, lambda r: _names(r, s_vars[row]))
     columns_outer = weights > rows and weights >= l2_bytes()
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
-    sch.reorder(*order, *r_loops, ii, ji)
+    dtype_bytes = tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits // 8
+    kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes) if packed and weights >= max(STREAM_BYTES, rows) else None
+    groups = _row_groups(sch, jo, [*others, io]) if kc else None
+    if kc and groups:  # see _stream_chunk
+        sch.reorder(jo, *others, io, *r_loops, ii, ji)
+        rows_loop = sch.fuse(*others, io) if others else io
+        order = [jo]
+        if groups > 1:
+            group, rows_loop = sch.split(rows_loop, [groups, None])
+            order = [jo, group]
+        # the next chunk's lines prefetched a few at a time, in every row tile and every
+        # `kc // spread` reduction steps, fewer bursts where there are many row tiles
+        lines = kc * tj * dtype_bytes // CACHE_LINE
+        n_rows = _extent(sch, rows_loop) or 1
+        spread = next(d for d in range(1, kc // PREFETCH_STEPS + 1)
+                      if (kc // PREFETCH_STEPS) % d == 0 and (n_rows * d * PREFETCH_BURST >= lines or d == kc // PREFETCH_STEPS))
+        ro, rm, ri = sch.split(r_loops[-1], [None, spread, kc // spread])
+        sch.reorder(*order, *r_loops[:-1], ro, rows_loop, rm, ri, ii, ji)
+        reduce_top = (r_loops[:-1] or [ro])[0]
+        r_loops = [*r_loops[:-1], ri]
+        marked, depth = (rm, 2) if spread > 1 else (rows_loop, 1)  # a unit loop does not survive
+        sch.annotate(marked, PREFETCH_ATTR, f"{packed[0]}:{-(-lines // (n_rows * spread))}:{depth}")
+    else:
+        sch.reorder(*order, *r_loops, ii, ji)
+        reduce_top = r_loops[0]
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
     par = sch.fuse(*order)
     if parallel:
@@ -522,7 +558,7 @@ def _gemm_tiles(
     jio, jii = sch.split(ji, [None, width])
     sch.unroll(jio)
     sch.vectorize(jii)
-    sch.decompose_reduction(block, r_loops[0])
+    sch.decompose_reduction(block, reduce_top)
     _vectorize_inner(sch, local, width)
     for copy in copies_in:  # the padded input: copied once, not by every column tile
         _schedule_spatial(sch, copy, sch.get_loops(copy), lanes)
@@ -530,6 +566,114 @@ def _gemm_tiles(
         sch.reverse_compute_at(copy, par)
         _vectorize_inner(sch, copy, width)
     return par
+
+
+def _stream_chunk(sch: s_tir.Schedule, r_loop: s_tir.schedule.LoopRV, panel_row_bytes: int) -> int | None:
+    """Reduction steps per chunk when a tile's constant weights are streamed from memory, or None.
+
+    A model's weights do not stay in cache from one run to the next (ResNet-50 reads 94 MB of
+    them), so a kernel meets its weights cold. With every row tile sweeping the whole reduction,
+    the first tile of each column stalls on memory while the later ones find the panel in L2:
+    ResNet-50's 3x3 512-channel convolution ran 715 us warm, 1061 us cold and 1086 us a call in
+    the model; onnxruntime's 676 warm and 863 in its model. Instead each column tile walks the
+    reduction in chunks of
+    STREAM_CHUNK_BYTES of its panel (kept in L1 while every row tile of the column uses them,
+    the accumulators of the column in a buffer of their own), and while it computes one chunk
+    it prefetches the next one, PREFETCH_STEPS reduction steps apart, so that memory and
+    arithmetic overlap."""
+    ext = _extent(sch, r_loop)
+    if not ext:
+        return None
+    chunks = [kc for kc in range(PREFETCH_STEPS, ext // 2 + 1, PREFETCH_STEPS)
+              if ext % kc == 0 and kc * panel_row_bytes <= STREAM_CHUNK_BYTES]
+    return max(chunks, default=None)
+
+
+def _row_groups(sch: s_tir.Schedule, columns: s_tir.schedule.LoopRV, rows: list) -> int | None:
+    """Into how many groups a streamed column tile's rows split so that there are at least
+    STREAM_MIN_TILES parallel tasks (each group reads the column's panel once), or None."""
+    cols = _extent(sch, columns)
+    extents = [_extent(sch, lp) for lp in rows]
+    if not cols or None in extents:
+        return None
+    total = math.prod(extents)  # type: ignore[arg-type]
+    return next((g for g in range(1, total + 1) if total % g == 0 and cols * g >= STREAM_MIN_TILES), None)
+
+
+def _insert_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Software prefetches where `_gemm_tiles` marked a loop (PREFETCH_ATTR = "buffer:n:depth"): at
+    every iteration of the marked loop (inside the row-tile loop, inside the chunk loop), n cache
+    lines of the weight panel's next chunk, so that the row tiles of a chunk between them fetch
+    all of the next one. TIR's schedule has no prefetch primitive (TE's went with it); this
+    rebuilds the statements on the path to the marked loop with the prefetch loop in front of
+    its body."""
+
+    def visit(stmt: tirx.Stmt, loops: list) -> tirx.Stmt:
+        if isinstance(stmt, tirx.For):
+            note = (stmt.annotations or {}).get(PREFETCH_ATTR)
+            body = _prefetched(stmt, loops, str(note)) if note is not None else visit(stmt.body, [*loops, stmt])
+            if body.same_as(stmt.body) and note is None:
+                return stmt
+            notes = {k: v for k, v in (stmt.annotations or {}).items() if k != PREFETCH_ATTR}
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, notes, stmt.step)
+        if isinstance(stmt, tirx.SeqStmt):
+            seq = [visit(s, loops) for s in stmt.seq]
+            return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+        if isinstance(stmt, s_tir.SBlockRealize):
+            block = visit(stmt.block, loops)
+            return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
+        if isinstance(stmt, s_tir.SBlock):
+            body = visit(stmt.body, loops)
+            return stmt if body.same_as(stmt.body) else s_tir.SBlock(
+                stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
+                stmt.match_buffers, stmt.annotations)
+        return stmt
+
+    body = visit(func.body, [])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _prefetched(loop: tirx.For, outer: list, note: str) -> tirx.Stmt:
+    """The body of the marked loop `loop` with the prefetch loop before it; the chunk loop is
+    `depth` loops up, and the loops from below it down to `loop` number the bursts."""
+    name, per, depth = note.rsplit(":", 2)
+    chunk, bursts = outer[-int(depth)], [*outer[len(outer) - int(depth) + 1:], loop]
+    realize = next((r for r in _nested(loop.body) if isinstance(r, s_tir.SBlockRealize)
+                    and any(t.source.name == name for t in r.block.reads)), None)
+    if realize is None:
+        return loop.body
+    region = next(t for t in realize.block.reads if t.source.name == name)
+    at_block = tirx.IndexMap([iv.var for iv in realize.block.iter_vars], [r.min for r in region.region], None)
+    index = at_block.map_indices(list(realize.iter_values))  # the weight read, in loop variables
+    inner = [chunk.loop_var, *[f.loop_var for f in bursts], *[f.loop_var for f in _nested(loop.body) if isinstance(f, tirx.For)]]
+    dtype = chunk.loop_var.ty.dtype
+    zero = tirx.const(0, dtype)
+    to_next = tirx.IndexMap(inner, index, None)  # the same read at the start of the next chunk
+    index = to_next.map_indices([chunk.loop_var + tirx.const(1, dtype), *[zero] * (len(inner) - 1)])
+    q = tirx.Var("q", dtype)
+    burst = zero
+    for f in bursts:
+        burst = burst * f.extent + f.loop_var
+    line = burst * int(per) + q
+    elems = CACHE_LINE * 8 // tvm.DataType(str(region.source.dtype)).bits
+    index = [*index[:-1], index[-1] + line * tirx.const(elems, dtype)]  # row-major: one flat stream
+    address = tirx.address_of(tirx.BufferLoad(region.source, index))
+    fetch = tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, tirx.const(0, "int32"),
+                                                tirx.const(3, "int32"), tirx.const(1, "int32")))
+    return tirx.SeqStmt([tirx.For(q, zero, tirx.const(int(per), dtype), tirx.ForKind.SERIAL, fetch), loop.body])
+
+
+def _nested(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
+    """The loops and block realisations inside `stmt`, outermost first."""
+    if isinstance(stmt, (tirx.For, s_tir.SBlockRealize)):
+        yield stmt
+    if isinstance(stmt, tirx.For):
+        yield from _nested(stmt.body)
+    elif isinstance(stmt, s_tir.SBlockRealize):
+        yield from _nested(stmt.block.body)
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            yield from _nested(s)
 
 
 def _slides_along_rows(
@@ -552,7 +696,7 @@ def _slides_along_rows(
                for region in blk.reads for r in region.region)
 
 
-def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: dict) -> None:
+def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: dict) -> list[str]:
     """Re-lay each constant weight that a register tile reads along one of its axes (a key of
     `panels`, valued by the tile's extent t on it) as panels of that axis: [..., N] ->
     [N / t, ..., t], so that a tile streams its weights sequentially instead of reading one
@@ -562,11 +706,12 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
     weights are cold: it reads 2.6 MB of them per run). The kernel's parameter takes the new shape;
     `pack_constants` re-lays the constants its callers pass, once, at compile time. Only
     parameters the module passes constants at every call are re-laid (LAYOUT_FREE_ATTR, set by
-    ScheduleCPU)."""
+    ScheduleCPU). Returns the names of the buffers it re-laid."""
     func = sch.mod["main"]
     free = [func.params[int(k)] for k in (func.attrs or {}).get(LAYOUT_FREE_ATTR, [])]
+    packed: list[str] = []
     if not free or not panels:
-        return
+        return packed
     for idx, region in enumerate(list(sch.get(block).reads)):
         if not any(region.source.same_as(w) for w in free):
             continue
@@ -582,6 +727,8 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
             sch.transform_layout(block, ("read", idx), tirx.IndexMap.from_func(_panels(tile), ndim=len(index), index_dtype=dtype))
         except _REFUSED:
             continue
+        packed.append(region.source.name)
+    return packed
 
 
 def _panels(tile: int):  # noqa: ANN202 - an index map: IndexMap.from_func reads its signature
@@ -819,7 +966,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
                 for inside in sch.get_child_blocks(par):
                     anchors[sch.get(inside).name_hint] = par
     _tile_buffers_local(sch, anchors)
-    return sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+    return _insert_prefetches(sch.mod["main"]).with_attr(SCHEDULED_ATTR, True)
 
 
 def _tile_buffers_local(sch: s_tir.Schedule, anchors: dict[str, s_tir.schedule.LoopRV]) -> None:
