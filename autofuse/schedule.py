@@ -516,8 +516,9 @@ def _gemm_tiles(
     rows = _read_bytes(sch, block, lambda r: _names(r, s_vars[row]))
     columns_outer = weights > rows and weights >= l2_bytes()
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
-    dtype_bytes = tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits // 8
-    kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes) if packed and weights >= max(STREAM_BYTES, rows) else None
+    panel = next((r.source for r in sch.get(block).reads if packed and r.source.name == packed[0]), None)
+    dtype_bytes = tvm.DataType(str(panel.dtype)).bits // 8 if panel is not None else 0
+    kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes) if panel is not None and weights >= max(STREAM_BYTES, rows) else None
     groups = _row_groups(sch, jo, [*others, io]) if kc else None
     if kc and groups:  # see _stream_chunk
         sch.reorder(jo, *others, io, *r_loops, ii, ji)
