@@ -919,15 +919,17 @@ def _prefetches(func):
     return found
 
 
-def test_weights_streamed_from_memory_are_prefetched_a_chunk_ahead():
+@pytest.mark.parametrize("m, k, n", [(28, 512, 512), (256, 1024, 512)])
+def test_weights_streamed_from_memory_are_prefetched_a_chunk_ahead(m, k, n):
     # a model's weights are cold at every run: each column tile walks its panel in chunks and
     # prefetches the next chunk while its row tiles compute the current one (ResNet-50's
-    # 3x3 512-channel convolution with cold caches 1.42x, the model 1.09x)
+    # 3x3 512-channel convolution with cold caches 1.42x, the model 1.09x). 1 MiB of weights
+    # against 56 KiB of rows: a few row tiles, bursts in every row tile and several times
+    # within the chunk; 2 MiB against 1 MiB: one burst per row tile
     import itertools
 
     from tvm import tirx
 
-    m, k, n = 28, 512, 512  # 1 MiB of weights against 56 KiB of activations
     wl, fused, w = _matmul_module(weight_as_input=False, m=m, k=k, n=n)
     target = build.make_target("llvm")
     scheduled = build.schedule(fused, target, "rules")
