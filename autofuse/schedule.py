@@ -517,28 +517,11 @@ def _gemm_tiles(
     columns_outer = weights > rows and weights >= l2_bytes()
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
     panel = next((r.source for r in sch.get(block).reads if packed and r.source.name == packed[0]), None)
-    dtype_bytes = tvm.DataType(str(panel.dtype)).bits // 8 if panel is not None else 0
-    kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes) if panel is not None and weights >= max(STREAM_BYTES, rows) else None
-    groups = _row_groups(sch, jo, [*others, io]) if kc else None
-    if kc and groups:  # see _stream_chunk
-        sch.reorder(jo, *others, io, *r_loops, ii, ji)
-        rows_loop = sch.fuse(*others, io) if others else io
-        order = [jo]
-        if groups > 1:
-            group, rows_loop = sch.split(rows_loop, [groups, None])
-            order = [jo, group]
-        # the next chunk's lines prefetched a few at a time, in every row tile and every
-        # `kc // spread` reduction steps, fewer bursts where there are many row tiles
-        lines = kc * tj * dtype_bytes // CACHE_LINE
-        n_rows = _extent(sch, rows_loop) or 1
-        spread = next(d for d in range(1, kc // PREFETCH_STEPS + 1)
-                      if (kc // PREFETCH_STEPS) % d == 0 and (n_rows * d * PREFETCH_BURST >= lines or d == kc // PREFETCH_STEPS))
-        ro, rm, ri = sch.split(r_loops[-1], [None, spread, kc // spread])
-        sch.reorder(*order, *r_loops[:-1], ro, rows_loop, rm, ri, ii, ji)
-        reduce_top = (r_loops[:-1] or [ro])[0]
-        r_loops = [*r_loops[:-1], ri]
-        marked, depth = (rm, 2) if spread > 1 else (rows_loop, 1)  # a unit loop does not survive
-        sch.annotate(marked, PREFETCH_ATTR, f"{packed[0]}:{-(-lines // (n_rows * spread))}:{depth}")
+    streamed = None
+    if panel is not None and weights >= max(STREAM_BYTES, rows):
+        streamed = _stream_tiles(sch, panel, tj, jo, [*others, io], r_loops, [ii, ji])
+    if streamed is not None:
+        order, r_loops, reduce_top = streamed
     else:
         sch.reorder(*order, *r_loops, ii, ji)
         reduce_top = r_loops[0]
@@ -567,6 +550,38 @@ def _gemm_tiles(
         sch.reverse_compute_at(copy, par)
         _vectorize_inner(sch, copy, width)
     return par
+
+
+def _stream_tiles(
+    sch: s_tir.Schedule, panel: tirx.Buffer, tj: int, jo: s_tir.schedule.LoopRV, rows: list, r_loops: list, tile: list
+) -> tuple[list, list, s_tir.schedule.LoopRV] | None:
+    """Order the register tiles' loops so that a column tile streams its packed weight `panel`
+    (see `_stream_chunk`): [column tiles (and row groups): parallel], the outer reduction loops,
+    the chunks, all row tiles, [bursts], steps, the tile. Returns (the loops to fuse into the
+    parallel one, the reduction loops with the steps last, the loop above which the
+    accumulators are initialised), or None where it does not apply."""
+    dtype_bytes = tvm.DataType(str(panel.dtype)).bits // 8
+    kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes)
+    groups = _row_groups(sch, jo, rows) if kc else None
+    if not kc or not groups:
+        return None
+    sch.reorder(jo, *rows, *r_loops, *tile)
+    rows_loop = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    order = [jo]
+    if groups > 1:
+        group, rows_loop = sch.split(rows_loop, [groups, None])
+        order = [jo, group]
+    # the next chunk's lines prefetched a few at a time, in every row tile and every
+    # `kc // spread` reduction steps: fewer bursts where there are many row tiles
+    lines = kc * tj * dtype_bytes // CACHE_LINE
+    n_rows = _extent(sch, rows_loop) or 1
+    spread = next(d for d in range(1, kc // PREFETCH_STEPS + 1)
+                  if (kc // PREFETCH_STEPS) % d == 0 and (n_rows * d * PREFETCH_BURST >= lines or d == kc // PREFETCH_STEPS))
+    ro, rm, ri = sch.split(r_loops[-1], [None, spread, kc // spread])
+    sch.reorder(*order, *r_loops[:-1], ro, rows_loop, rm, ri, *tile)
+    marked, depth = (rm, 2) if spread > 1 else (rows_loop, 1)  # a unit loop does not survive
+    sch.annotate(marked, PREFETCH_ATTR, f"{panel.name}:{-(-lines // (n_rows * spread))}:{depth}")
+    return order, [*r_loops[:-1], ri], (r_loops[:-1] or [ro])[0]
 
 
 def _stream_chunk(sch: s_tir.Schedule, r_loop: s_tir.schedule.LoopRV, panel_row_bytes: int) -> int | None:
