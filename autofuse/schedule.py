@@ -58,8 +58,9 @@ ROW_PARALLEL_WORK = 1 << 16
 
 
 def _names(text: str, var: str) -> bool:
-    """Whether printed TIR `text` mentions the variable named `var`."""
-    return re.search(rf"\b{re.escape(var)}\b", text) is not None
+    """Whether printed TIR `text` mentions the variable named `var` (none for the unit row that
+    `_schedule_reduction` adds to a one-row product, which has no variable)."""
+    return bool(var) and re.search(rf"\b{re.escape(var)}\b", text) is not None
 
 
 def _uses(expr: object, var: tirx.Var) -> bool:
