@@ -283,12 +283,18 @@ def _cache_bytes(root: Path, level: int) -> int | None:
 
 
 # accumulator registers a register tile may use; the rest hold the broadcast inputs, the weight
-# vectors and LLVM's temporaries. AVX-512 has 32 vector registers: 16 accumulators (an 8x2 tile)
-# swept best on the benchmark models. AVX2 has 16: that tile spilled its accumulators to the
-# stack on every step of the reduction; 12 (6x2) fit, and ran the transformer block's GEMMs
-# 1.5-2x faster (sum of its kernels 63 -> 39 us; 8 accumulators: 41 us, and ViT's 17-token
-# GEMMs 1.3x slower than with 12).
-ACCUMULATORS = 16
+# vectors and LLVM's temporaries. AVX-512 has 32 vector registers: 24 accumulators (8x3 tiles:
+# 11 loads feed 24 FMAs per step, against 10 for 16 with 8x2). On an Intel AVX-512 host
+# (kernels v19) BERT-base's GEMMs ran 1.05-1.07x faster than with 16 and the libraries built
+# with 24 were 1.049x (BERT-base), 1.014x (ResNet-50) and 1.039x (MobileNetV2-224) faster end
+# to end (`kernel_ab.py --acc 16,24,20`, `library_ab.py`, paired); on an AMD Zen 5 host 24 and 16
+# were within noise on ResNet-50's convolutions (16 had been chosen by a sweep on AVX2-era
+# models). AVX2 has 16 registers: an 8x2 tile spilled its accumulators to the stack on every
+# step of the reduction; 12 (6x2) fit, and ran the transformer block's GEMMs 1.5-2x faster (sum
+# of its kernels 63 -> 39 us; 8 accumulators: 41 us, and ViT's 17-token GEMMs 1.3x slower than
+# with 12).
+ACCUMULATORS = 24
+AVX2_ACCUMULATORS = 12
 # streamed weights (see _stream_chunk): constant weights of at least STREAM_BYTES that outweigh
 # the rows they meet, read in chunks of a column tile's panel of at most STREAM_CHUNK_BYTES (a
 # third of a 48 KiB L1); the next chunk prefetched in bursts of about PREFETCH_BURST cache
@@ -305,7 +311,7 @@ PREFETCH_ATTR = "autofuse_prefetch"
 
 def accumulators(vector_bits: int) -> int:
     """Accumulator registers for a CPU of the given SIMD width (see ACCUMULATORS)."""
-    return ACCUMULATORS if vector_bits >= 512 else ACCUMULATORS * 3 // 4
+    return ACCUMULATORS if vector_bits >= 512 else AVX2_ACCUMULATORS
 
 
 def _broadcast_rows(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, i_var: str, j_var: str) -> bool:

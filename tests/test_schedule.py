@@ -61,12 +61,13 @@ def _predicated_blocks(func):
 
 
 def test_prime_row_count_gets_a_padded_row_tile():
-    # 17 rows (ViT's tokens): a 6-row tile rather than 1 row, over rows padded to 18, so that no
-    # step of the reduction is predicated (a predicated row kept its accumulator in memory:
-    # ViT's 17x128x512 projection 59 -> 25-38 us); only the copy back of the output tests rows
+    # 17 rows (ViT's tokens): a 9-row tile (AVX-512's 24 accumulators: 9 rows x 2 vectors;
+    # with 16 it was 6 rows) rather than 1 row, over rows padded to 18, so that no step of the
+    # reduction is predicated (a predicated row kept its accumulator in memory: ViT's
+    # 17x128x512 projection 59 -> 25-38 us); only the copy back of the output tests rows
     func = schedule_cpu(_matmul(17, 32, 64), lanes=16)
     text = func.script()
-    assert "T.unroll(6)" in text and "A_pad" in text
+    assert "T.unroll(9)" in text and "A_pad" in text
     assert _predicated_blocks(func) == ["C_pad"]  # the copy back, not C_init/C_update
     _run_matmul(func, 17, 32, 64)
 
@@ -74,7 +75,7 @@ def test_prime_row_count_gets_a_padded_row_tile():
 def test_row_tiles_fit_the_cpu_registers():
     from autofuse.schedule import accumulators
 
-    assert accumulators(512) == 16 and accumulators(256) == 12
+    assert accumulators(512) == 24 and accumulators(256) == 12
     # AVX2, 12 accumulators: 128 rows in exact 4-row tiles (a padded 6-row tile ran slower)
     func = schedule_cpu(_matmul(128, 64, 64), lanes=8, acc=accumulators(256))
     assert "T.unroll(4)" in func.script() and "_pad" not in func.script() and not _predicated_blocks(func)
@@ -83,7 +84,7 @@ def test_row_tiles_fit_the_cpu_registers():
     func = schedule_cpu(_matmul(7, 16, 32), lanes=8, acc=accumulators(256))
     assert "T.unroll(7)" in func.script()
     _run_matmul(func, 7, 16, 32)
-    # AVX-512: 16 accumulators, an 8x2 tile
+    # AVX-512: 24 accumulators, 8 rows by 2 vectors where 4 vectors of columns leave no third
     assert "T.unroll(8)" in schedule_cpu(_matmul(128, 64, 64), lanes=16).script()
 
 
