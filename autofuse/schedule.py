@@ -523,10 +523,9 @@ def _gemm_tiles(
     rows = _read_bytes(sch, block, lambda r: _names(r, s_vars[row]))
     columns_outer = weights > rows and weights >= l2_bytes()
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
-    panel = next((r.source for r in sch.get(block).reads if packed and r.source.name == packed[0]), None)
     streamed = None
-    if panel is not None and weights >= max(STREAM_BYTES, rows):
-        streamed = _stream_tiles(sch, panel, tj, jo, [*others, io], r_loops, [ii, ji])
+    if packed and weights >= max(STREAM_BYTES, rows):
+        streamed = _stream_tiles(sch, packed[0], tj, jo, [*others, io], r_loops, [ii, ji])
     if streamed is not None:
         order, r_loops, reduce_top = streamed
     else:
@@ -599,7 +598,7 @@ def _stream_chunk(sch: s_tir.Schedule, r_loop: s_tir.schedule.LoopRV, panel_row_
     them), so a kernel meets its weights cold. With every row tile sweeping the whole reduction,
     the first tile of each column stalls on memory while the later ones find the panel in L2:
     ResNet-50's 3x3 512-channel convolution ran 715 us warm, 1061 us cold and 1086 us a call in
-    the model; onnxruntime's 676 warm and 863 in its model. Instead each column tile walks the
+    the model; onnxruntime's 863 in its model. Instead each column tile walks the
     reduction in chunks of STREAM_CHUNK_BYTES of its panel (kept in L1 while every row tile of
     the column uses them, the accumulators of the column in a buffer of their own), and while
     it computes one chunk it prefetches the next one, a burst of lines at a time spread over
@@ -661,11 +660,11 @@ def _prefetched(loop: tirx.For, outer: list, note: str) -> tirx.Stmt:
     `depth` loops up, and the loops from below it down to `loop` number the bursts."""
     name, per, depth = note.rsplit(":", 2)
     chunk, bursts = outer[-int(depth)], [*outer[len(outer) - int(depth) + 1:], loop]
-    realize = next((r for r in _nested(loop.body) if isinstance(r, s_tir.SBlockRealize)
-                    and any(t.source.name == name for t in r.block.reads)), None)
-    if realize is None:
+    found = next(((r, t) for r in _nested(loop.body) if isinstance(r, s_tir.SBlockRealize)
+                  for t in r.block.reads if t.source.name == name), None)
+    if found is None:
         return loop.body
-    region = next(t for t in realize.block.reads if t.source.name == name)
+    realize, region = found
     at_block = tirx.IndexMap([iv.var for iv in realize.block.iter_vars], [r.min for r in region.region], None)
     index = at_block.map_indices(list(realize.iter_values))  # the weight read, in loop variables
     inner = [chunk.loop_var, *[f.loop_var for f in bursts], *[f.loop_var for f in _nested(loop.body) if isinstance(f, tirx.For)]]
@@ -719,7 +718,7 @@ def _slides_along_rows(
                for region in blk.reads for r in region.region)
 
 
-def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: dict) -> list[str]:
+def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: dict) -> list[tirx.Buffer]:
     """Re-lay each constant weight that a register tile reads along one of its axes (a key of
     `panels`, valued by the tile's extent t on it) as panels of that axis: [..., N] ->
     [N / t, ..., t], so that a tile streams its weights sequentially instead of reading one
@@ -729,10 +728,10 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
     weights are cold: it reads 2.6 MB of them per run). The kernel's parameter takes the new shape;
     `pack_constants` re-lays the constants its callers pass, once, at compile time. Only
     parameters the module passes constants at every call are re-laid (LAYOUT_FREE_ATTR, set by
-    ScheduleCPU). Returns the names of the buffers it re-laid."""
+    ScheduleCPU). Returns the buffers it re-laid, as the block now reads them."""
     func = sch.mod["main"]
     free = [func.params[int(k)] for k in (func.attrs or {}).get(LAYOUT_FREE_ATTR, [])]
-    packed: list[str] = []
+    packed: list[tirx.Buffer] = []
     if not free or not panels:
         return packed
     for idx, region in enumerate(list(sch.get(block).reads)):
@@ -750,7 +749,7 @@ def _pack_weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, panels: d
             sch.transform_layout(block, ("read", idx), tirx.IndexMap.from_func(_panels(tile), ndim=len(index), index_dtype=dtype))
         except _REFUSED:
             continue
-        packed.append(region.source.name)
+        packed.append(sch.get(block).reads[idx].source)
     return packed
 
 

@@ -931,6 +931,7 @@ def test_weights_streamed_from_memory_are_prefetched_a_chunk_ahead(m, k, n):
     import itertools
 
     from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
 
     wl, fused, w = _matmul_module(weight_as_input=False, m=m, k=k, n=n)
     target = build.make_target("llvm")
@@ -945,8 +946,6 @@ def test_weights_streamed_from_memory_are_prefetched_a_chunk_ahead(m, k, n):
     columns, chunk, bursts = loops[0], loops[1], loops[2:]
     assert columns.kind == tirx.ForKind.PARALLEL
     kc = k // int(chunk.extent)
-    from tvm.sym.analyzer import Analyzer
-
     ana = Analyzer()
     variables = [columns.loop_var, chunk.loop_var, *[b.loop_var for b in bursts], burst_loop.loop_var]
     at = tirx.IndexMap(variables, [flat], None)
