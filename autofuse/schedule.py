@@ -34,6 +34,7 @@ import numpy as np
 import tvm
 from tvm import s_tir
 from tvm import tirx
+from tvm.sym import detect_linear_equation
 
 SCHEDULED_ATTR = "tirx.is_scheduled"
 # the parameters of a PrimFunc a schedule may re-lay (weights passed as constants; TVM's name),
@@ -115,10 +116,22 @@ def _schedule_spatial(
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
     serial for LLVM to handle."""
     width = _vector_width(_extent(sch, loops[-1]), lanes)
+    across = _transposed_loop(sch, block, loops, lanes) if width is not None else None
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
-    # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial
-    parallel = _work(sch, block) * (1 if width is not None else lanes) >= MIN_PARALLEL_WORK
-    if width is not None:  # it divides the extent
+    # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
+    # does a vector gathered from `lanes` rows
+    parallel = _work(sch, block) * (1 if width is not None and across is None else lanes) >= MIN_PARALLEL_WORK
+    if width is not None and across is not None:
+        # a transpose in square tiles: a vector of the output gathers one element from each of
+        # `lanes` input rows, and the next `lanes` vectors find the rest of those rows' cache
+        # lines in L1 (BERT-base's 128 x 768 -> 12 x 64 x 128 key transpose: 103 -> 14 us)
+        rest, inner = sch.split(loops[-1], [None, width])
+        tiles, down = sch.split(loops[across], [None, lanes])
+        others = [lp for k, lp in enumerate(loops[:-1]) if k != across]
+        sch.reorder(*others, tiles, rest, down, inner)
+        outer = sch.fuse(*others, tiles, rest)
+        sch.vectorize(inner)
+    elif width is not None:  # it divides the extent
         rest, inner = sch.split(loops[-1], [None, width])
         outer = sch.fuse(*loops[:-1], rest) if loops[:-1] else rest
         sch.vectorize(inner)
@@ -129,6 +142,35 @@ def _schedule_spatial(
     if parallel and (_extent(sch, outer) or 2) > 1:
         sch.parallel(outer)
     return outer
+
+
+def _transposed_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> int | None:
+    """The loop (index into `loops`) along which some input of a spatial block is contiguous,
+    when that is not the innermost loop, along which the output is: a transpose, whose
+    vectors then gather from rows `stride` apart. Only for whole tiles of `lanes` both ways
+    (small axes, such as an image's 3 channels, are left to the plain schedule)."""
+    driven = _driven(sch, block, loops)
+    if driven is None or len(loops) < 2 or any(len(d) > 1 for d in driven):
+        return None
+    blk = sch.get(block)
+    var_of = {next(iter(d)): k for k, d in enumerate(driven) if d}  # iterator index -> loop index
+    inner_iv = next((i for i, k in var_of.items() if k == len(loops) - 1), None)
+    if inner_iv is None or (_extent(sch, loops[-1]) or 0) % lanes:
+        return None
+    inner_var = blk.iter_vars[inner_iv].var
+    for region in blk.reads:
+        if not region.region or _uses(region.region[-1].min, inner_var):
+            continue
+        if not any(_uses(r.min, inner_var) for r in region.region[:-1]):
+            continue  # broadcast along the innermost axis, not a transpose
+        # the iterator with stride 1 in the input's last index (a head's 64 channels in
+        # h * 64 + d; an index that is not linear in the iterators gives no coefficients)
+        ivs = list(var_of)
+        coefs = detect_linear_equation(region.region[-1].min, [blk.iter_vars[i].var for i in ivs])
+        unit = [var_of[i] for i, c in zip(ivs, list(coefs)[:-1]) if _is_one(c)]
+        if len(unit) == 1 and unit[0] != len(loops) - 1 and (_extent(sch, loops[unit[0]]) or 0) % lanes == 0:
+            return unit[0]
+    return None
 
 
 def _schedule_reduction(

@@ -33,7 +33,11 @@ def main() -> None:
     args = ap.parse_args()
     w = prepare(args.model, [InputSpec.parse(s) for s in args.input])
     dev = tvm.cpu(0)
-    ex = build(apply_plan(w.mod, w.graph, w.tvm_default()), make_target("llvm"))
+    mod = apply_plan(w.mod, w.graph, w.tvm_default())
+    ex = build(mod, make_target("llvm"))
+    # each kernel's buffer shapes (inputs, weights, output last): to match onnxruntime's layers
+    shapes = {gv.name_hint: " ".join("x".join(str(int(d)) for d in b.shape) for b in f.params)
+              for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     feeds = [tvm.runtime.tensor(x, dev) for x in random_inputs(w.inputs)]
     whole = np.median(relax.VirtualMachine(ex, dev).time_evaluator("main", dev, number=3, repeat=5)(*feeds).results)
     vm = relax.VirtualMachine(ex, dev)
@@ -59,7 +63,9 @@ def main() -> None:
     print(f"time_evaluator {whole * 1e3:.2f} ms; instrumented {instrumented * 1e3:.2f} ms, of which calls "
           f"{sum(spent.values()) / args.runs * 1e3:.2f} ms over {sum(calls.values()) // args.runs} calls")
     for name, s in sorted(spent.items(), key=lambda kv: -kv[1])[: args.top]:
-        print(f"{name[:60]:60s} {calls[name] // args.runs:5d} calls {s / args.runs * 1e3:9.3f} ms")
+        per_call = s / args.runs / max(1, calls[name] // args.runs) * 1e6
+        print(f"{name[:48]:48s} {calls[name] // args.runs:4d} calls {s / args.runs * 1e3:8.3f} ms {per_call:8.1f} us/call"
+              f"  {shapes.get(name, '')}")
 
 
 if __name__ == "__main__":

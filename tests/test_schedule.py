@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -865,6 +867,45 @@ def test_a_big_transpose_runs_in_parallel_though_it_does_not_vectorise(channels,
     assert ("T.parallel" in func.script()) == parallel
     a = np.random.default_rng(0).standard_normal((1, 7, 7, channels)).astype("float32")
     np.testing.assert_array_equal(_run(func, a, out_shape=(1, channels, 7, 7)), a.transpose(0, 3, 1, 2))
+
+
+def _loops(func) -> list[str]:
+    return [line.strip() for line in func.script().splitlines() if line.strip().startswith("for ")]
+
+
+@pytest.mark.parametrize("case", ["key_heads", "nchw_to_nhwc", "broadcast"])
+def test_a_transpose_runs_in_square_tiles_of_gathered_vectors(case):
+    # an output vector gathers one element from each of 16 input rows; the next 15 vectors read
+    # the rest of those rows' cache lines from L1 (BERT's key transpose: 103 -> 14 us). A
+    # broadcast along the output's rows (a per-channel bias in NCHW) is no transpose
+    from tvm import te
+
+    if case == "key_heads":  # (seq, heads * dim) -> (heads, dim, seq), scaled
+        x = te.placeholder((128, 768), name="x")
+        y = te.compute((12, 64, 128), lambda h, d, s: x[s, h * 64 + d] * 0.125, name="y")
+        want = lambda a: a.reshape(128, 12, 64).transpose(1, 2, 0) * 0.125  # noqa: E731
+    elif case == "nchw_to_nhwc":
+        x = te.placeholder((1, 64, 32, 32), name="x")
+        y = te.compute((1, 32, 32, 64), lambda n, h, w, c: x[n, c, h, w], name="y")
+        want = lambda a: a.transpose(0, 2, 3, 1)  # noqa: E731
+    else:
+        x = te.placeholder((1, 64, 32, 32), name="x")
+        b = te.placeholder((64,), name="b")
+        y = te.compute((1, 64, 32, 32), lambda n, c, h, w: x[n, c, h, w] + b[c], name="y")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal([int(d) for d in x.shape]).astype("float32")
+    out_shape = tuple(int(d) for d in y.shape)
+    if case == "broadcast":
+        func = schedule_cpu(te.create_prim_func([x, b, y]), lanes=16, acc=16)
+        bias = rng.standard_normal(64).astype("float32")
+        assert not re.search(r"in range\(16\):$", _loops(func)[-2])
+        np.testing.assert_allclose(_run(func, a, bias, out_shape=out_shape), a + bias[:, None, None], rtol=1e-6)
+        return
+    func = schedule_cpu(te.create_prim_func([x, y]), lanes=16, acc=16)
+    loops = _loops(func)
+    assert "T.parallel" in loops[0] and len(loops) == 3
+    assert re.search(r"in range\(16\):$", loops[1]) and re.search(r"in T.vectorized\(16\):$", loops[2])
+    np.testing.assert_allclose(_run(func, a, out_shape=out_shape), want(a), rtol=1e-6)
 
 
 @pytest.mark.parametrize("depthwise", [True, False])
