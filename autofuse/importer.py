@@ -21,6 +21,7 @@ import onnx
 import tvm
 from tvm import relax
 
+from autofuse import onnx_qlinear
 from autofuse import onnx_rnn
 
 DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
@@ -204,6 +205,13 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
         raise ModelError(f"{path} is not a valid ONNX model: {_first_line(err)}") from None
     specs = _onnx_inputs(model, given)
     notes: list[str] = []
+    try:
+        model, rewritten = onnx_qlinear.to_qdq(model)
+    except onnx_qlinear.QLinearError as err:
+        raise ModelError(f"{path}: {err}") from None
+    if rewritten:
+        notes.append(f"{rewritten} quantized operator(s) in QOperator form rewritten as QDQ (float between "
+                     "DequantizeLinear and QuantizeLinear)")
     if simplify:
         model = _simplify(model, specs, notes)
     missing = unsupported_ops(model)
