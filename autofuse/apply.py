@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 
 from autofuse.graph import OpGraph
+from autofuse.plan import NO_LIMITS
 from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.plan import validate
@@ -24,7 +25,8 @@ from autofuse.tvm_bridge import main_block
 def apply_plan(
     mod: tvm.IRModule, graph: OpGraph, plan: FusionPlan, limits: FusionLimits | None = None
 ) -> tvm.IRModule:
-    """Validate `plan` against `graph`, group the bindings and fuse each group's kernels."""
+    """Validate `plan` against `graph`, group the bindings and fuse each group's kernels.
+    `limits`: a search space's limits to check too (by default only structural legality)."""
     return fuse(mod, graph, plan, limits)[0]
 
 
@@ -32,7 +34,7 @@ def fuse(
     mod: tvm.IRModule, graph: OpGraph, plan: FusionPlan, limits: FusionLimits | None = None
 ) -> tuple[tvm.IRModule, list[str]]:
     """apply_plan, also returning the name of each group's PrimFunc (in `plan.groups` order)."""
-    validate(graph, plan, limits)
+    validate(graph, plan, limits or NO_LIMITS)
     grouped, names = group_bindings(mod, plan)
     kernels = [names.get(g) or graph.nodes[g[0]].op for g in plan.groups]
     # FuseTIR merges each Primitive function into one PrimFunc of the same name; DCE drops the

@@ -60,6 +60,12 @@ class FusionLimits:
         }
 
 
+# structural legality only (partition, unfusable kernels, convexity, acyclic): for plans the search
+# did not make under a search space's limits, such as TVM's own (int8 ResNet-50's FuseOps groups
+# reach 38 ops after quantize/dequantize became elementwise ops)
+NO_LIMITS = FusionLimits(max_ops_per_group=10**6, max_anchors_per_group=10**6)
+
+
 @dataclass(frozen=True)
 class FusionPlan:
     """Groups of node ids. Construct with `from_groups` to get the canonical form.

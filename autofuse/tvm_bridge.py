@@ -56,8 +56,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             # batch norms left unfolded become elementwise ops before the layout changes
             # (ConvertLayout crashes on batch_norm's tuple output in TVM 0.27)
             relax.transform.DecomposeOpsForInference(),
-            VectorMath(),
-            relax.transform.FastMathTransform(),
+            LayoutFriendlyOps(),
         ]
     )(mod)
     if _calls_op(mod, "relax.nn.conv2d"):
@@ -66,6 +65,9 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
         mod = relax.transform.ConvertLayout(
             {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
         )(mod)
+    # after the layout change: FastMathTransform emits its polynomials as TIR calls, which
+    # ConvertLayout cannot see through (a transpose each side of every SiLU between convolutions)
+    mod = tvm.transform.Sequential([VectorMath(), relax.transform.FastMathTransform()])(mod)
     # sort/scan ops (cumsum in RoBERTa's position ids, sort, top-k) have no legalization: TVM's
     # pipeline dispatches them to kernels first. The generic (CPU) kernels serve every target:
     # the workload is normalised once, and on CUDA DLight's fallback schedules them.
@@ -192,11 +194,81 @@ class VectorMath:
     calls (erf, tanh, exp, pow) that run one element at a time."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        rewriter = _VectorMathRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return _rewrite_functions(mod, _VectorMathRewriter)
+
+
+def _rewrite_functions(mod: tvm.IRModule, rewriter_class: type) -> tvm.IRModule:
+    rewriter = rewriter_class(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
+@relax.expr_functor.mutator
+class _LayoutRewriter(relax.PyExprMutator):
+    """Ops without a layout rule, as the elementwise ops they compute (see LayoutFriendlyOps)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+            return call
+        name, x = call.op.name, call.args[0] if call.args else None
+        dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
+        emit = self.builder_.normalize
+        if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
+            lo, hi = (float(getattr(a.value, 'value', a.value)) for a in call.args[1:3])
+            return emit(relax.op.minimum(emit(relax.op.maximum(x, _c(lo, dtype))), _c(hi, dtype)))
+        if name == "relax.nn.leakyrelu" and dtype.startswith("float"):  # max(x, a x) for a <= 1
+            alpha = float(call.attrs.alpha)
+            scaled = emit(relax.op.multiply(x, _c(alpha, dtype)))
+            return emit(relax.op.maximum(x, scaled) if alpha <= 1 else relax.op.minimum(x, scaled))
+        if name in ("relax.quantize", "relax.dequantize"):
+            return self._quantize(call)
+        return call
+
+    def _quantize(self, call: relax.Call) -> relax.Expr:
+        """As TVM's legalisation computes them: (x - zero) * scale, the difference in int32;
+        clip(round(x / scale) + zero) cast to the quantized type."""
+        x, scale, zero = call.args
+        dtype, out_dtype, ndim = str(x.ty.dtype), str(call.attrs.out_dtype), x.ty.ndim
+        if ndim < 0 or str(scale.ty.dtype) != "float32":
+            return call
+        scale, zero = self._along(scale, call.attrs.axis, ndim), self._along(zero, call.attrs.axis, ndim)
+        emit = self.builder_.normalize
+        if call.op.name == "relax.dequantize":
+            if out_dtype != "float32":
+                return call
+            wide = "float32" if dtype.startswith("float") else "int32"
+            diff = emit(relax.op.subtract(emit(relax.op.astype(x, wide)), emit(relax.op.astype(zero, wide))))
+            return emit(relax.op.multiply(emit(relax.op.astype(diff, "float32")), scale))
+        if dtype != "float32" or "int" not in out_dtype:
+            return call
+        y = emit(relax.op.round(emit(relax.op.divide(x, scale))))
+        y = emit(relax.op.add(y, emit(relax.op.astype(zero, "float32"))))
+        lo, hi = (float(v) for v in (tvm.tirx.min_value(out_dtype).value, tvm.tirx.max_value(out_dtype).value))
+        y = emit(relax.op.minimum(emit(relax.op.maximum(y, _c(lo, "float32"))), _c(hi, "float32")))
+        return emit(relax.op.astype(y, out_dtype))
+
+    def _along(self, param: relax.Expr, axis: int, ndim: int) -> relax.Expr:
+        """A per-axis parameter (n,) reshaped to broadcast along `axis` of an ndim-D tensor."""
+        shape = [int(d) for d in param.ty.shape.values] if param.ty.ndim == 1 else []
+        if len(shape) != 1 or shape[0] == 1:
+            return param
+        axis = int(axis) % ndim
+        return self.builder_.normalize(relax.op.reshape(param, [1] * axis + shape + [1] * (ndim - axis - 1)))
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutofuseLayoutFriendlyOps")
+class LayoutFriendlyOps:
+    """Ops that ConvertLayout has no rule for in TVM 0.27, rewritten as the elementwise ops they
+    compute, which it carries channels-last: clip (ONNX HardSigmoid, HardSwish), leaky ReLU,
+    quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear).
+    Left as they are, each gets a transpose on either side between two convolutions (int8
+    ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _rewrite_functions(mod, _LayoutRewriter)
 
 
 def _calls_op(mod: tvm.IRModule, name: str) -> bool:

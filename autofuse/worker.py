@@ -61,13 +61,12 @@ class _Session:
         """Returns (executable, target, fused module, scheduled module, kernel name per group)."""
         from autofuse import apply
         from autofuse import build
-        from autofuse.plan import FusionLimits
         from autofuse.plan import FusionPlan
 
         target = build.make_target(target_spec)
         plan = FusionPlan.from_groups(groups)
         # legality was checked by the parent under the user's limits; here only build it
-        fused, kernels = apply.fuse(self.mod, self.graph, plan, FusionLimits(10**6, 10**6))
+        fused, kernels = apply.fuse(self.mod, self.graph, plan)
         scheduled = build.schedule(fused, target, scheduler or build.default_scheduler(target), database)
         ex, scheduled = build.compile_repairing(fused, scheduled, target)
         return ex, target, fused, scheduled, kernels
@@ -202,7 +201,6 @@ def _time_new_kernels(
 def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
     from autofuse import apply
     from autofuse import build
-    from autofuse.plan import FusionLimits
     from autofuse.plan import FusionPlan
 
     conn.send(("stage", "build"))
@@ -210,7 +208,7 @@ def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> d
     try:
         target = build.make_target(req["target"])
         plan = FusionPlan.from_groups(req["groups"])
-        fused, _ = apply.fuse(session.mod, session.graph, plan, FusionLimits(10**6, 10**6))
+        fused, _ = apply.fuse(session.mod, session.graph, plan)
         n = build.tune_kernels(fused, target, req["database"], req["trials"], req.get("seed", 0))
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
