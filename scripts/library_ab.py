@@ -6,6 +6,10 @@ ratio of the first to each other (above 1: the other is faster).
 
     TVM_NUM_THREADS=2 python scripts/library_ab.py 1x3x224x224 OLD.so NEW.so [--repeat 24]
     TVM_NUM_THREADS=2 python scripts/library_ab.py 1x128:int64 OLD.so NEW.so   # token ids
+
+Build the old library outside the repository (`git worktree add /tmp/old COMMIT`, then
+`cd /tmp && PYTHONPATH=/tmp/old python -m autofuse.cli apply ...`): `python -m` puts the working
+directory first on sys.path, so run from the checkout it builds with the checkout's code.
 """
 
 import argparse
