@@ -162,6 +162,13 @@ class _VectorMathRewriter(relax.PyExprMutator):
             return self._sigmoid(x, dtype)
         if name == "relax.nn.silu":
             return self._emit(relax.op.multiply(x, self._sigmoid(x, dtype)))
+        divisor = call.args[1] if name == "relax.divide" else None
+        if isinstance(divisor, tvm.ir.expr.Constant) and divisor.value.numpy().size == 1:
+            # by a constant: a multiply by its reciprocal (HardSwish's / 6 in MobileNetV3's
+            # epilogues); a vector division costs ~10 multiplies, the result moves by one ulp
+            value = float(divisor.value.numpy().reshape(()))
+            if value != 0.0:
+                return self._emit(relax.op.multiply(x, _c(1.0 / value, dtype)))
         return call
 
     def _emit(self, expr: relax.Expr) -> relax.Expr:
@@ -189,8 +196,8 @@ def _c(value: float, dtype: str) -> relax.Expr:
 @tvm.transform.module_pass(opt_level=0, name="AutofuseVectorMath")
 class VectorMath:
     """Activations as arithmetic TVM can vectorise: x**2 and x**3 (constant exponents) as
-    products; GELU (erf and tanh forms), sigmoid and SiLU spelled out in exp/erf/tanh, which
-    FastMathTransform then replaces with polynomials. Legalised as they are, they become libm
+    products, division by a constant as a product; GELU (erf and tanh forms), sigmoid and SiLU
+    spelled out in exp/erf/tanh, which FastMathTransform then replaces with polynomials. Legalised as they are, they become libm
     calls (erf, tanh, exp, pow) that run one element at a time."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

@@ -179,3 +179,16 @@ def test_activations_and_quantization_between_convolutions_stay_channels_last(na
     want = _run(relax.transform.LegalizeOps()(mod), feed)
     # quantization rounds the same values the same way as TVM's own legalisation (max diff 6e-6)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("by_constant", [True, False])
+def test_division_by_a_constant_becomes_a_product(by_constant):
+    # HardSwish's / 6 in every MobileNetV3 epilogue: a vector division costs ~10 products;
+    # a constant divided by a tensor stays a division
+    six = relax.const(6.0, "float32")
+    mod = _module(lambda x: relax.op.divide(x, six) if by_constant else relax.op.divide(six, x))
+    normalized = normalize(mod)
+    assert (" / " not in normalized.script()) == by_constant
+    x = np.random.default_rng(0).uniform(1, 6, (4, 64)).astype("float32")
+    got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    np.testing.assert_allclose(got, x / np.float32(6) if by_constant else np.float32(6) / x, rtol=1e-6)

@@ -120,7 +120,8 @@ def test_channels_last_pooling_is_named(tmp_path):
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, (1, 4, 4, 3))],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, (1, 1, 1, 3))],
         [numpy_helper.from_array(np.array(0.1, "float32"), "s"), numpy_helper.from_array(np.array(0, "uint8"), "z")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(ModelError, match="pool .*channels_last=1 is not supported"):
         prepare(tmp_path / "m.onnx")
