@@ -115,6 +115,9 @@ def _schedule_spatial(
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
     serial for LLVM to handle."""
+    segments = _concat_segments(sch, block, loops)
+    if segments is not None:
+        return _schedule_concat(sch, block, loops, segments, lanes)
     width = _vector_width(_extent(sch, loops[-1]), lanes)
     across = _transposed_loop(sch, block, loops, lanes) if width is not None else None
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
@@ -140,6 +143,51 @@ def _schedule_spatial(
     else:
         outer = loops[0]
     if parallel and (_extent(sch, outer) or 2) > 1:
+        sch.parallel(outer)
+    return outer
+
+
+def _concat_segments(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[int] | None:
+    """The lengths of the inputs a concatenation along the innermost axis takes in turn, when
+    the block is one (its value a chain of if_then_else over that axis, its reads offset along
+    it by the start of each input); None otherwise."""
+    extent = _extent(sch, loops[-1])
+    driven = _driven(sch, block, loops)
+    blk = sch.get(block)
+    if extent is None or driven is None or len(driven[-1]) != 1 or "if_then_else" not in str(blk.body):
+        return None
+    var = blk.iter_vars[next(iter(driven[-1]))].var
+    starts = {0}
+    for region in blk.reads:
+        if not region.region:
+            continue
+        coefs = list(detect_linear_equation(region.region[-1].min, [var]))
+        if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
+            starts.add(-int(coefs[1].value))
+    bounds = sorted(b for b in starts if 0 <= b < extent)
+    if len(bounds) < 2:
+        return None
+    return [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
+
+
+def _schedule_concat(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, segments: list[int], lanes: int
+) -> s_tir.schedule.LoopRV | None:
+    """A concatenation (with whatever elementwise ops were inlined into it) as one loop per input
+    along the concatenated axis: in each, the chain of if_then_else that picks the input folds
+    away and the loop vectorises. Inlined whole, every element tested all the boundaries:
+    DenseNet's batch-norm-ReLU over the concatenation of 25 inputs, 4x4x1024, ran ~50 us."""
+    work = _work(sch, block)  # the block is copied into each loop below, and then gone
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
+    # partitioned loops do not start at 0, which split refuses: partition whole runs of `step`
+    step = math.gcd(*segments)
+    runs, inner = sch.split(loops[-1], [None, step])
+    width = _vector_width(step, lanes)
+    for part in sch.loop_partition(runs, [n // step for n in segments[:-1]] + [None]):
+        if width is not None:
+            for copy in sch.get_child_blocks(part):
+                sch.vectorize(sch.split(sch.get_loops(copy)[-1], [None, width])[1])
+    if outer is not None and work >= MIN_PARALLEL_WORK and (_extent(sch, outer) or 2) > 1:
         sch.parallel(outer)
     return outer
 
