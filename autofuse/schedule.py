@@ -115,7 +115,7 @@ def _schedule_spatial(
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
     serial for LLVM to handle."""
-    segments = _concat_segments(sch, block, loops)
+    segments = _concat_segments(sch, block, loops, lanes)
     if segments is not None:
         return _schedule_concat(sch, block, loops, segments, lanes)
     width = _vector_width(_extent(sch, loops[-1]), lanes)
@@ -147,7 +147,9 @@ def _schedule_spatial(
     return outer
 
 
-def _concat_segments(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list[int] | None:
+def _concat_segments(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int
+) -> list[int] | None:
     """The lengths of the inputs a concatenation along the innermost axis takes in turn, when
     the block is one (its value a chain of if_then_else over that axis, its reads offset along
     it by the start of each input); None otherwise."""
@@ -165,9 +167,13 @@ def _concat_segments(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops:
         if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
             starts.add(-int(coefs[1].value))
     bounds = sorted(b for b in starts if 0 <= b < extent)
-    if len(bounds) < 2:
+    segments = [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
+    # not when runs of the inputs' common length would not vectorise where the whole axis does
+    # (an element shifted by one, as a padding or a roll along that axis)
+    if len(segments) < 2 or (_vector_width(math.gcd(*segments), lanes) is None
+                             and _vector_width(extent, lanes) is not None):
         return None
-    return [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
+    return segments
 
 
 def _schedule_concat(

@@ -197,8 +197,9 @@ def _c(value: float, dtype: str) -> relax.Expr:
 class VectorMath:
     """Activations as arithmetic TVM can vectorise: x**2 and x**3 (constant exponents) as
     products, division by a constant as a product; GELU (erf and tanh forms), sigmoid and SiLU
-    spelled out in exp/erf/tanh, which FastMathTransform then replaces with polynomials. Legalised as they are, they become libm
-    calls (erf, tanh, exp, pow) that run one element at a time."""
+    spelled out in exp/erf/tanh, which FastMathTransform then replaces with polynomials.
+    Legalised as they are, they become libm calls (erf, tanh, exp, pow) that run one element at
+    a time."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _rewrite_functions(mod, _VectorMathRewriter)
@@ -224,7 +225,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
-            lo, hi = (float(getattr(a.value, 'value', a.value)) for a in call.args[1:3])
+            lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
             return emit(relax.op.minimum(emit(relax.op.maximum(x, _c(lo, dtype))), _c(hi, dtype)))
         if name == "relax.nn.leakyrelu" and dtype.startswith("float"):  # max(x, a x) for a <= 1
             alpha = float(call.attrs.alpha)

@@ -1042,3 +1042,17 @@ def test_weights_that_are_small_or_inputs_are_not_streamed(m, k, n, weight_as_in
     scheduled = build.schedule(fused, build.make_target("llvm"), "rules")
     _, kernel = _kernel(scheduled)
     assert 'scope="local"' in kernel.script() and not _prefetches(kernel)
+
+
+def test_an_element_shifted_along_the_innermost_axis_is_no_concatenation():
+    # y[c] = x[c - 1] past the first channel reads like a two-input concatenation of lengths 1 and
+    # 63; split there, neither loop would vectorise, while the whole axis does
+    from tvm import te
+
+    x = te.placeholder((1, 4, 4, 64), name="x")
+    y = te.compute((1, 4, 4, 64), lambda n, h, w, c: tvm.tirx.if_then_else(c >= 1, x[n, h, w, c - 1], 0.0), name="y")
+    func = schedule_cpu(te.create_prim_func([x, y]), lanes=16, acc=16)
+    assert func.script().count("T.vectorized(16)") == 1
+    a = np.random.default_rng(0).standard_normal((1, 4, 4, 64)).astype("float32")
+    want = np.concatenate([np.zeros((1, 4, 4, 1), "float32"), a[..., :-1]], axis=3)
+    np.testing.assert_allclose(_run(func, a, out_shape=want.shape), want)
