@@ -233,7 +233,34 @@ class _LayoutRewriter(relax.PyExprMutator):
             return emit(relax.op.maximum(x, scaled) if alpha <= 1 else relax.op.minimum(x, scaled))
         if name in ("relax.quantize", "relax.dequantize"):
             return self._quantize(call)
+        if name == "relax.nn.conv2d_transpose":
+            return self._upsampling_matmul(call)
         return call
+
+    def _upsampling_matmul(self, call: relax.Call) -> relax.Expr:
+        """A transposed convolution whose stride equals its kernel (a U-Net's 2x2 stride-2
+        upsampling) writes each input pixel's k x k block of outputs on its own: a matmul of
+        the pixels by the weights, the blocks then put in place by a transpose. TVM lowers it
+        as a convolution over the input dilated with zeros (k^2 times the work, a divide and a
+        modulo per element): 3.3 ms for a 32 -> 16 channel 32x32 one that onnxruntime runs in
+        well under 0.3."""
+        x, w = call.args
+        a = call.attrs
+        if (x.ty.ndim != 4 or w.ty.ndim != 4 or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW"
+                or str(a.out_layout or "NCHW") != "NCHW" or int(a.groups) != 1):
+            return call
+        n, c, h, wd = (int(d) for d in x.ty.shape.values)
+        _, o, kh, kw = (int(d) for d in w.ty.shape.values)
+        if ([int(v) for v in a.strides] != [kh, kw] or any(int(v) for v in a.padding)
+                or any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation)):
+            return call
+        emit = self.builder_.normalize
+        pixels = emit(relax.op.reshape(emit(relax.op.permute_dims(x, [0, 2, 3, 1])), [n * h * wd, c]))
+        out_dtype = str(a.out_dtype) if a.out_dtype is not None and str(a.out_dtype) not in ("", "None", "void") else None
+        blocks = emit(relax.op.matmul(pixels, emit(relax.op.reshape(w, [c, o * kh * kw])), out_dtype=out_dtype))
+        blocks = emit(relax.op.reshape(blocks, [n, h, wd, o, kh, kw]))
+        placed = emit(relax.op.permute_dims(blocks, [0, 3, 1, 4, 2, 5]))
+        return emit(relax.op.reshape(placed, [n, o, h * kh, wd * kw]))
 
     def _quantize(self, call: relax.Call) -> relax.Expr:
         """As TVM's legalisation computes them: (x - zero) * scale, the difference in int32;
@@ -271,7 +298,8 @@ class _LayoutRewriter(relax.PyExprMutator):
 class LayoutFriendlyOps:
     """Ops that ConvertLayout has no rule for in TVM 0.27, rewritten as the elementwise ops they
     compute, which it carries channels-last: clip (ONNX HardSigmoid, HardSwish), leaky ReLU,
-    quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear).
+    quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear);
+    and transposed convolutions with stride = kernel, as a matmul (see _upsampling_matmul).
     Left as they are, each gets a transpose on either side between two convolutions (int8
     ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
 
