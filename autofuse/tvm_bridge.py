@@ -163,12 +163,14 @@ class _VectorMathRewriter(relax.PyExprMutator):
         if name == "relax.nn.silu":
             return self._emit(relax.op.multiply(x, self._sigmoid(x, dtype)))
         divisor = call.args[1] if name == "relax.divide" else None
-        if isinstance(divisor, tvm.ir.expr.Constant) and divisor.value.numpy().size == 1:
+        if isinstance(divisor, tvm.ir.expr.Constant) and str(divisor.value.dtype) == dtype:
             # by a constant: a multiply by its reciprocal (HardSwish's / 6 in MobileNetV3's
-            # epilogues); a vector division costs ~10 multiplies, the result moves by one ulp
-            value = float(divisor.value.numpy().reshape(()))
-            if value != 0.0:
-                return self._emit(relax.op.multiply(x, _c(1.0 / value, dtype)))
+            # epilogues, a batch norm's / sqrt(var + eps) where it could not fold into a
+            # convolution, as in DenseNet); a vector division costs ~10 multiplies, the result
+            # moves by one ulp
+            value = divisor.value.numpy()
+            if np.all(np.isfinite(value)) and np.all(value != 0):
+                return self._emit(relax.op.multiply(x, relax.const((1 / value).astype(dtype))))
         return call
 
     def _emit(self, expr: relax.Expr) -> relax.Expr:

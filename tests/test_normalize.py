@@ -181,17 +181,22 @@ def test_activations_and_quantization_between_convolutions_stay_channels_last(na
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("by_constant", [True, False])
-def test_division_by_a_constant_becomes_a_product(by_constant):
-    # HardSwish's / 6 in every MobileNetV3 epilogue: a vector division costs ~10 products;
-    # a constant divided by a tensor stays a division
+@pytest.mark.parametrize("case", ["scalar", "per_channel", "constant_over_tensor"])
+def test_division_by_a_constant_becomes_a_product(case):
+    # HardSwish's / 6 in every MobileNetV3 epilogue, a decomposed batch norm's per-channel
+    # / sqrt(var + eps) in DenseNet: a vector division costs ~10 products. A constant divided
+    # by a tensor stays a division
     six = relax.const(6.0, "float32")
-    mod = _module(lambda x: relax.op.divide(x, six) if by_constant else relax.op.divide(six, x))
-    normalized = normalize(mod)
-    assert (" / " not in normalized.script()) == by_constant
+    scales = np.linspace(0.5, 3.0, 64).astype("float32")
+    ops = {"scalar": lambda x: relax.op.divide(x, six),
+           "per_channel": lambda x: relax.op.divide(x, relax.const(scales)),
+           "constant_over_tensor": lambda x: relax.op.divide(six, x)}
+    normalized = normalize(_module(ops[case]))
+    assert (" / " not in normalized.script()) == (case != "constant_over_tensor")
     x = np.random.default_rng(0).uniform(1, 6, (4, 64)).astype("float32")
     got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [x])[0]
-    np.testing.assert_allclose(got, x / np.float32(6) if by_constant else np.float32(6) / x, rtol=1e-6)
+    want = {"scalar": x / np.float32(6), "per_channel": x / scales, "constant_over_tensor": np.float32(6) / x}[case]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kernel, stride, padding, rewritten", [(2, 2, 0, True), (3, 3, 0, True), (3, 2, 1, False)])
