@@ -163,9 +163,9 @@ def _concat_segments(
     it by the start of each input); None otherwise."""
     extent = _extent(sch, loops[-1])
     driven = _driven(sch, block, loops)
-    blk = sch.get(block)
-    if extent is None or driven is None or len(driven[-1]) != 1 or "if_then_else" not in str(blk.body):
+    if extent is None or driven is None or len(driven[-1]) != 1:
         return None
+    blk = sch.get(block)
     var = blk.iter_vars[next(iter(driven[-1]))].var
     starts = {0}
     for region in blk.reads:
@@ -181,7 +181,7 @@ def _concat_segments(
     if len(segments) < 2 or (_vector_width(math.gcd(*segments), lanes) is None
                              and _vector_width(extent, lanes) is not None):
         return None
-    return segments
+    return segments if "if_then_else" in str(blk.body) else None
 
 
 def _schedule_concat(
@@ -206,28 +206,44 @@ def _schedule_concat(
     return outer
 
 
-def _gathered_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> int | None:
-    """The loop along which a spatial block reads an input element by element, when that input
-    is read elsewhere at positions computed from the data (a range in its access region, as a
-    resize's or a gather's) and the innermost loop takes no part in the element read."""
+def _element_axes(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list
+) -> tuple[object, dict[int, int], tirx.Var] | None:
+    """(the block, iterator index -> loop index, the innermost loop's iterator) where each loop
+    drives at most one iterator of `block` (a spatial nest as normalised); None otherwise."""
     driven = _driven(sch, block, loops)
     if driven is None or len(loops) < 2 or any(len(d) > 1 for d in driven):
         return None
     blk = sch.get(block)
     var_of = {next(iter(d)): k for k, d in enumerate(driven) if d}
     inner_iv = next((i for i, k in var_of.items() if k == len(loops) - 1), None)
-    if inner_iv is None:
+    return None if inner_iv is None else (blk, var_of, blk.iter_vars[inner_iv].var)
+
+
+def _unit_loop(blk: object, var_of: dict[int, int], index: object) -> int | None:
+    """The loop whose iterator has stride 1 in `index` (a head's 64 channels in h * 64 + d),
+    if exactly one has; an index not linear in the iterators gives no coefficients."""
+    ivs = list(var_of)
+    coefs = detect_linear_equation(index, [blk.iter_vars[i].var for i in ivs])
+    unit = [var_of[i] for i, c in zip(ivs, list(coefs)[:-1]) if _is_one(c)]
+    return unit[0] if len(unit) == 1 else None
+
+
+def _gathered_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> int | None:
+    """The loop along which a spatial block reads an input element by element, when that input
+    is read elsewhere at positions computed from the data (a range in its access region, as a
+    resize's or a gather's) and the innermost loop takes no part in the element read."""
+    axes = _element_axes(sch, block, loops)
+    if axes is None:
         return None
-    inner_var = blk.iter_vars[inner_iv].var
+    blk, var_of, inner_var = axes
     for region in blk.reads:
         dims = region.region
         if not dims or any(_uses(r.min, inner_var) for r in dims) or all(_is_one(r.extent) for r in dims[:-1]):
             continue
-        ivs = list(var_of)
-        coefs = detect_linear_equation(dims[-1].min, [blk.iter_vars[i].var for i in ivs])
-        unit = [var_of[i] for i, c in zip(ivs, list(coefs)[:-1]) if _is_one(c)]
-        if len(unit) == 1 and unit[0] != len(loops) - 1:
-            return unit[0]
+        unit = _unit_loop(blk, var_of, dims[-1].min)
+        if unit is not None and unit != len(loops) - 1:
+            return unit
     return None
 
 
@@ -236,27 +252,18 @@ def _transposed_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops:
     when that is not the innermost loop, along which the output is: a transpose, whose
     vectors then gather from rows `stride` apart. Only for whole tiles of `lanes` both ways
     (small axes, such as an image's 3 channels, are left to the plain schedule)."""
-    driven = _driven(sch, block, loops)
-    if driven is None or len(loops) < 2 or any(len(d) > 1 for d in driven):
+    axes = _element_axes(sch, block, loops)
+    if axes is None or (_extent(sch, loops[-1]) or 0) % lanes:
         return None
-    blk = sch.get(block)
-    var_of = {next(iter(d)): k for k, d in enumerate(driven) if d}  # iterator index -> loop index
-    inner_iv = next((i for i, k in var_of.items() if k == len(loops) - 1), None)
-    if inner_iv is None or (_extent(sch, loops[-1]) or 0) % lanes:
-        return None
-    inner_var = blk.iter_vars[inner_iv].var
+    blk, var_of, inner_var = axes
     for region in blk.reads:
         if not region.region or _uses(region.region[-1].min, inner_var):
             continue
         if not any(_uses(r.min, inner_var) for r in region.region[:-1]):
             continue  # broadcast along the innermost axis, not a transpose
-        # the iterator with stride 1 in the input's last index (a head's 64 channels in
-        # h * 64 + d; an index that is not linear in the iterators gives no coefficients)
-        ivs = list(var_of)
-        coefs = detect_linear_equation(region.region[-1].min, [blk.iter_vars[i].var for i in ivs])
-        unit = [var_of[i] for i, c in zip(ivs, list(coefs)[:-1]) if _is_one(c)]
-        if len(unit) == 1 and unit[0] != len(loops) - 1 and (_extent(sch, loops[unit[0]]) or 0) % lanes == 0:
-            return unit[0]
+        unit = _unit_loop(blk, var_of, region.region[-1].min)
+        if unit is not None and unit != len(loops) - 1 and (_extent(sch, loops[unit]) or 0) % lanes == 0:
+            return unit
     return None
 
 

@@ -258,7 +258,7 @@ class _LayoutRewriter(relax.PyExprMutator):
             return call
         emit = self.builder_.normalize
         pixels = emit(relax.op.reshape(emit(relax.op.permute_dims(x, [0, 2, 3, 1])), [n * h * wd, c]))
-        out_dtype = str(a.out_dtype) if a.out_dtype is not None and str(a.out_dtype) not in ("", "None", "void") else None
+        out_dtype = None if a.out_dtype is None else str(a.out_dtype)
         blocks = emit(relax.op.matmul(pixels, emit(relax.op.reshape(w, [c, o * kh * kw])), out_dtype=out_dtype))
         blocks = emit(relax.op.reshape(blocks, [n, h, wd, o, kh, kw]))
         placed = emit(relax.op.permute_dims(blocks, [0, 3, 1, 4, 2, 5]))
@@ -266,7 +266,9 @@ class _LayoutRewriter(relax.PyExprMutator):
 
     def _quantize(self, call: relax.Call) -> relax.Expr:
         """As TVM's legalisation computes them: (x - zero) * scale, the difference in int32;
-        clip(round(x / scale) + zero) cast to the quantized type."""
+        clip(round(x / scale) + zero) cast to the quantized type. (VectorMath later divides by a
+        constant scale as a product with its reciprocal: one ulp, which may round a value lying
+        within an ulp of a half step the other way.)"""
         x, scale, zero = call.args
         dtype, out_dtype, ndim = str(x.ty.dtype), str(call.attrs.out_dtype), x.ty.ndim
         if ndim < 0 or str(scale.ty.dtype) != "float32":
