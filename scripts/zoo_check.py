@@ -10,6 +10,7 @@ this is about what every model gets before tuning, and whether anything fails.
     pip install -e ".[bench]" torchvision
     python scripts/zoo_check.py --out benchmarks/zoo        # RESULTS.md and results.json
     python scripts/zoo_check.py --models densenet,lstm      # a few
+    python scripts/zoo_check.py --models efficientnet_b0 --image 224 --export-only --out /tmp/zoo
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def torch_models() -> dict[str, tuple[Any, tuple[int, ...]]]:
         "shufflenet": (tv.shufflenet_v2_x0_5, SMALL_IMAGE),
         "mnasnet": (tv.mnasnet0_5, SMALL_IMAGE),
         "mobilenetv3": (tv.mobilenet_v3_small, SMALL_IMAGE),
+        "mobilenetv3_large": (tv.mobilenet_v3_large, SMALL_IMAGE),
         "densenet": (tv.densenet121, SMALL_IMAGE),
         "googlenet": (lambda: tv.googlenet(aux_logits=False, init_weights=True), SMALL_IMAGE),
         "resnext": (tv.resnext50_32x4d, SMALL_IMAGE),
@@ -96,16 +98,20 @@ def torch_models() -> dict[str, tuple[Any, tuple[int, ...]]]:
     }
 
 
-def export(name: str, models_dir: Path) -> list[tuple[str, Path | str]]:
-    """(exporter, ONNX path or the export error) for both exporters."""
+def export(name: str, models_dir: Path, image: int = SMALL_IMAGE[-1]) -> list[tuple[str, Path | str]]:
+    """(exporter, ONNX path or the export error) for both exporters; image models at `image` x
+    `image` pixels (file names then end in _{image} unless it is the default)."""
     import torch
 
     make, shape = torch_models()[name]
+    suffix = ""
+    if shape == SMALL_IMAGE and image != SMALL_IMAGE[-1]:
+        shape, suffix = (*SMALL_IMAGE[:2], image, image), f"_{image}"
     torch.manual_seed(0)
     model, x = make().eval(), torch.randn(*shape)
     out: list[tuple[str, Path | str]] = []
     for exporter, dynamo in (("dynamo", True), ("torchscript", False)):
-        path = models_dir / f"{name}_{exporter}.onnx"
+        path = models_dir / f"{name}_{exporter}{suffix}.onnx"
         try:
             if not path.exists():
                 torch.onnx.export(model, (x,), str(path), dynamo=dynamo, input_names=["x"],
@@ -173,6 +179,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="all", help="comma list (default: all)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/zoo"))
+    ap.add_argument("--image", type=int, default=SMALL_IMAGE[-1], help="image side for the CNNs (default 64)")
+    ap.add_argument("--export-only", action="store_true", help="write the ONNX files to OUT/models, check nothing")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: check one ONNX file, print JSON
     args = ap.parse_args()
     if args.one:
@@ -185,8 +193,10 @@ def main() -> int:
     lines = ["| model | exporter | ops | plans built and checked | unfused us | tvm_default us | best plan (paired vs tvm_default) | onnxruntime us | ORT / best |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name in names:
-        for exporter, path in export(name, args.out / "models"):
-            print(f"== {name} ({exporter})", file=sys.stderr, flush=True)
+        for exporter, path in export(name, args.out / "models", args.image):
+            print(f"== {name} ({exporter}): {path}", file=sys.stderr, flush=True)
+            if args.export_only:
+                continue
             if isinstance(path, str):
                 res: dict[str, Any] = {"status": "export_error", "error": path}
             else:
@@ -199,6 +209,8 @@ def main() -> int:
             lines.append(_row(name, exporter, res))
             print(lines[-1], file=sys.stderr, flush=True)
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.export_only:
+        return 0
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = (f"# Architectures autofuse was not developed on\n\nGenerated {stamp} by `python scripts/zoo_check.py "
             f"{' '.join(sys.argv[1:])}`: TVM's plan, the unfused plan and the tuner's seed plans built, checked "
