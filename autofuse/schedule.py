@@ -626,9 +626,12 @@ def _gemm_tiles(
         j = sch.fuse(others.pop(), j)
         ext_j = _extent(sch, j)
         width = _vector_width(ext_j, lanes)
+    pad_j = 0
+    if width is None and ext_j is not None and ext_j > SERIAL_INNER and j is s_loops[-1] and not fused_rows:
+        width, pad_j = _padded_width(sch, block, s_vars[-1], ext_j, lanes)
     if ext_i is None or ext_j is None or width is None:
         return None
-    vectors = ext_j // width
+    vectors = (ext_j + pad_j) // width
     if ext_i == 1:  # one row: the accumulators go to columns, whole cache lines of B per k
         ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
     else:
@@ -636,8 +639,10 @@ def _gemm_tiles(
     tj = tv * width
     copies_in: list = []
     copies_out: list = []
-    if ext_i % ti and j is s_loops[-1] and not fused_rows:
-        padded = _pad_rows(sch, block, row, ti)
+    if (ext_i % ti or pad_j) and j is s_loops[-1] and not fused_rows:
+        padded = _pad_axes(sch, block, {row: ti if ext_i % ti else 1, len(s_loops) - 1: width if pad_j else 1})
+        if padded is None and pad_j:
+            return None
         if padded is not None:
             copies_in, copies_out, s_loops, r_loops = padded
             i, j = s_loops[row], s_loops[-1]
@@ -911,20 +916,45 @@ def _is_one(expr: object) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == 1
 
 
-def _pad_rows(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row: int, ti: int
+def _padded_width(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, j_var: str, ext_j: int, lanes: int
+) -> tuple[int | None, int]:
+    """(vector width, columns of padding) for a register tile whose columns no vector width
+    divides (ViT's 197 tokens as the columns of Q @ K^T; 255 output channels of a detection
+    head): the width that does the most useful work per vector, counting the zero columns
+    `_pad_axes` adds. Without it such a block fell back to one dot product per output down a
+    strided column (ViT-base's Q @ K^T: 10.5 ms a layer, 0.54 padded; 0.59 in onnxruntime).
+    Only past SERIAL_INNER columns: fewer run as serial accumulators inside the reduction,
+    which the copies in and out of padded buffers cost more than they save (Swin-T's 49-token
+    windows: its attention kernels 1.55 ms serial, 4.26 padded). (None, 0) where no width fits
+    what the block reads (`_lane_width`)."""
+    best: tuple[float, int | None, int] = (1.0, None, 0)
+    for width in (lanes, lanes // 2, lanes // 4):
+        if width < 4:
+            continue
+        pad = -ext_j % width
+        if _lane_width(sch, block, j_var, ext_j + pad, width) == width:
+            best = max(best, (ext_j / (ext_j + pad) * width, width, pad), key=lambda b: b[0])
+    return best[1], best[2]
+
+
+def _pad_axes(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, multiples: dict[int, int]
 ) -> tuple[list, list, list, list] | None:
-    """Pad a matmul-like block's `row`-th spatial axis to a multiple of the tile's rows, so that
-    no tile is predicated: a predicated row keeps its accumulator in memory, loaded and stored
-    at every step of the reduction (ViT's 17 tokens in 3-row tiles with a bias epilogue: 59 us
-    for a 17x128x512 matmul, 25 us for 16 rows). TIR's pad_einsum copies the rows into a
-    zero-padded buffer and the result back; a block that is not an einsum (a convolution's
-    input indexed by h + kh) is left as it was (None). Returns the input copies, the output
-    copies, the block's new spatial loops and its new reduction loops."""
+    """Pad a matmul-like block's spatial axes (k-th spatial axis -> a multiple of
+    `multiples[k]`): the rows to a multiple of the tile's rows, so that no tile is predicated
+    (a predicated row keeps its accumulator in memory, loaded and stored at every step of the
+    reduction: ViT's 17 tokens in 3-row tiles with a bias epilogue: 59 us for a 17x128x512
+    matmul, 25 us for 16 rows), the columns to a multiple of the vector width
+    (`_padded_width`). TIR's pad_einsum copies the inputs into zero-padded buffers and the
+    result back; a block that is not an einsum (a convolution's input indexed by h + kh) is
+    left as it was (None). Returns the input copies, the output copies, the block's new
+    spatial loops and its new reduction loops."""
     blk = sch.get(block)
     spatial = [k for k, iv in enumerate(blk.iter_vars) if int(iv.iter_type) == 0]
     padding = [1] * len(blk.iter_vars)
-    padding[spatial[row]] = ti
+    for axis, multiple in multiples.items():
+        padding[spatial[axis]] = multiple
     before = {sch.get(b).name_hint for b in sch.get_producers(block)}
     try:
         sch.pad_einsum(block, padding)

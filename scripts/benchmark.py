@@ -48,6 +48,7 @@ from autofuse.workload import prepare
 sys.path.insert(0, str(Path(__file__).parent))
 from hf_models import REAL  # noqa: E402
 from hf_models import FULLSIZE  # noqa: E402
+from hf_models import FULLSIZE_UNSEEN  # noqa: E402
 from hf_models import UNSEEN  # noqa: E402
 from hf_models import torch_model  # noqa: E402
 
@@ -393,7 +394,8 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="all", help="comma list, 'generated', 'real', 'all' (both), 'unseen' or 'fullsize'")
+    ap.add_argument("--models", default="all", help="comma list, 'generated', 'real', 'all' (both), 'unseen', 'fullsize' or "
+                    "'fullsize_unseen'")
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--kernel-trials", type=int, default=0, help="MetaSchedule trials per kernel (0: off)")
     ap.add_argument("--kernel-plans", type=int, default=2)
@@ -404,7 +406,8 @@ def main() -> None:
     # the stock TVM baseline runs in this process: the same threads as the measurement worker
     # (TVM's own default on x86 is half the logical CPUs); set before TVM starts its thread pool
     os.environ["TVM_NUM_THREADS"] = str(cpu_threads())
-    names = {"all": GENERATED + REAL, "generated": GENERATED, "real": REAL, "unseen": UNSEEN, "fullsize": FULLSIZE}.get(
+    names = {"all": GENERATED + REAL, "generated": GENERATED, "real": REAL, "unseen": UNSEEN, "fullsize": FULLSIZE,
+             "fullsize_unseen": FULLSIZE_UNSEEN}.get(
         args.models, args.models.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,9 @@ UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "conv
 # small ones so that a run fits in an hour; these show where the kernels stand on real shapes
 # (`python scripts/benchmark.py --models fullsize`)
 FULLSIZE = ["bert_base", "resnet50", "mobilenetv2_224"]
+# stock configurations of architectures outside the suite, at deployment sizes: the general case
+# at real shapes (`python scripts/benchmark.py --models fullsize_unseen`)
+FULLSIZE_UNSEEN = ["vit_base", "convnext_tiny", "swin_tiny", "distilbert_base", "gpt2_small"]
 
 
 def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
@@ -35,6 +38,11 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
         "bert_base": (lambda: tf.BertModel(tf.BertConfig()), ids128, ["input_ids"]),
         "resnet50": (lambda: tf.ResNetModel(tf.ResNetConfig()), image224, ["pixel_values"]),
         "mobilenetv2_224": (lambda: tf.MobileNetV2Model(tf.MobileNetV2Config()), image224, ["pixel_values"]),
+        "vit_base": (lambda: tf.ViTModel(tf.ViTConfig(), add_pooling_layer=False), image224, ["pixel_values"]),
+        "convnext_tiny": (lambda: tf.ConvNextModel(tf.ConvNextConfig()), image224, ["pixel_values"]),
+        "swin_tiny": (lambda: tf.SwinModel(tf.SwinConfig()), image224, ["pixel_values"]),
+        "distilbert_base": (lambda: tf.DistilBertModel(tf.DistilBertConfig()), ids128, ["input_ids"]),
+        "gpt2_small": (lambda: tf.GPT2Model(tf.GPT2Config()), ids128, ["input_ids"]),
         "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
         "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000,
                                                      n_positions=64, bos_token_id=0, eos_token_id=0)),

@@ -1076,3 +1076,15 @@ def test_a_resize_into_nchw_computes_its_coordinates_once_per_pixel():
     a = np.random.default_rng(0).standard_normal((1, 8, 8, 21)).astype("float32")
     np.testing.assert_allclose(_run(func, a, out_shape=(1, 21, 64, 64)), _run(plain, a, out_shape=(1, 21, 64, 64)),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("columns, padded", [(197, True), (49, False)])
+def test_columns_no_vector_divides_are_padded_to_whole_vectors_past_the_serial_limit(columns, padded):
+    # ViT-base's Q @ K^T: 197 key columns, which no vector width divides, fell back to one dot
+    # product per output down a strided column (10.5 ms a layer); padded to 208 columns, whole
+    # vectors (0.54 ms). Up to SERIAL_INNER columns (Swin's 49-token windows) stay serial
+    # accumulators inside the reduction: the padded copies cost them more than they saved
+    func = schedule_cpu(_matmul(40, columns, 64), lanes=16)
+    text = func.script()
+    assert ("T.vectorized(16)" in text and "B_pad" in text) == padded
+    _run_matmul(func, 40, columns, 64)
