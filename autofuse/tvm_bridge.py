@@ -39,7 +39,8 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
 
     Conv+BatchNorm with constant parameters is folded into the conv weights and a bias
     (W*g/s, (b-m)*g/s+beta); remaining batch norms are decomposed to elementwise ops.
-    2-D convolutions are converted to channels-last (NHWC data, HWIO weights) and the layout is
+    2-D and 1-D convolutions are converted to channels-last (NHWC/NWC data, HWIO/WIO weights; an
+    audio model's feature extractor as an image model's stem) and the layout is
     propagated through the elementwise ops and pools around them: the output channel is then the
     contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
     (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
@@ -59,11 +60,12 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             LayoutFriendlyOps(),
         ]
     )(mod)
-    if _calls_op(mod, "relax.nn.conv2d"):
+    if _calls_op(mod, "relax.nn.conv2d") or _calls_op(mod, "relax.nn.conv1d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
         mod = relax.transform.ConvertLayout(
-            {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+            {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
+             "relax.nn.conv1d": ["NWC", "WIO"]}
         )(mod)
     # after the layout change: FastMathTransform emits its polynomials as TIR calls, which
     # ConvertLayout cannot see through (a transpose each side of every SiLU between convolutions)

@@ -13,7 +13,7 @@ REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
 # architectures the kernels and the search were not developed on: a check of the general case
 # (`python scripts/benchmark.py --models unseen`)
 UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "convnext", "efficientnet", "regnet",
-          "segformer", "whisper_encoder"]
+          "segformer", "whisper_encoder", "llama", "wav2vec2", "dinov2", "mobilevit", "deberta_v2", "clip_vision"]
 # the stock configurations at deployment sizes (224x224 images, 128 tokens): the suite above uses
 # small ones so that a run fits in an hour; these show where the kernels stand on real shapes
 # (`python scripts/benchmark.py --models fullsize`)
@@ -82,6 +82,22 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
             encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
             max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
             decoder_start_token_id=0)).get_encoder(), audio, ["input_features"]),
+        "llama": (lambda: tf.LlamaModel(tf.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=344,
+                                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                        max_position_embeddings=64)), ids, ["input_ids"]),
+        "wav2vec2": (lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)), (torch.randn(1, 4000),), ["input_values"]),
+        "dinov2": (lambda: tf.Dinov2Model(tf.Dinov2Config(image_size=56, patch_size=8, **small_tf)),
+                   (torch.randn(1, 3, 56, 56),), ["pixel_values"]),
+        "mobilevit": (lambda: tf.MobileViTModel(tf.MobileViTConfig(image_size=64, hidden_sizes=[48, 64, 80],
+                                                                   neck_hidden_sizes=[8, 8, 16, 24, 32, 40, 160])),
+                      image64, ["pixel_values"]),
+        "deberta_v2": (lambda: tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=1000, max_position_embeddings=64,
+                                                                    **small_tf)), ids, ["input_ids"]),
+        "clip_vision": (lambda: tf.CLIPVisionModel(tf.CLIPVisionConfig(image_size=64, patch_size=8, **small_tf)),
+                        image64, ["pixel_values"]),
     }
     make, args, names = table[name]
 
