@@ -1039,19 +1039,42 @@ def _row_tile(rows: int, most: int) -> int:
     return 1
 
 
-def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
-    """Vectorise the innermost loop of a block moved into a tile (its extent is the tile's)."""
+def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, ragged: bool = False) -> None:
+    """Vectorise the innermost loop of a block moved into a tile (its extent is the tile's).
+    `ragged`: also where no vector width divides it (see _ragged_width)."""
     inner = sch.get_loops(block)[-1]
     ext = _extent(sch, inner)
-    width = _vector_width(ext, lanes)
+    width = _vector_width(ext, lanes) or (_ragged_width(ext, lanes) if ragged else None)
     if width is None:
         return
+    steps = None
     if ext != width:
-        _, inner = sch.split(inner, [None, width])
+        steps, inner = sch.split(inner, [None, width])
     try:
         sch.vectorize(inner)
     except _REFUSED:
-        pass
+        return
+    if ext % width:
+        _peel_last_step(sch, steps)
+
+
+def _ragged_width(extent: int | None, lanes: int) -> int | None:
+    """The vector width of a row that no width divides (ViT's 197 tokens, wav2vec2's 199
+    frames), at least two whole vectors long: all steps but the last run whole vectors, the
+    last one predicated (`_peel_last_step`). A softmax over such rows ran as serial chains, one
+    dependent max and add per element (ViT-base's: 600 us a layer)."""
+    return lanes if extent is not None and extent % lanes and extent >= 2 * lanes else None
+
+
+def _peel_last_step(sch: s_tir.Schedule, steps: s_tir.schedule.LoopRV | None) -> None:
+    """Run the last step of a loop over vector `steps` apart, where it is partial: the others
+    then carry no predicate and stay vectors (a predicated vector loop is scalarised whole)."""
+    ext = _extent(sch, steps) if steps is not None else None
+    if ext and ext > 1:
+        try:
+            sch.loop_partition(steps, [ext - 1, None])
+        except _REFUSED:
+            pass
 
 
 def schedule_cpu(func: tirx.PrimFunc, lanes: int | None = None, acc: int = ACCUMULATORS) -> tirx.PrimFunc | None:
@@ -1319,11 +1342,14 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     if work >= ROW_PARALLEL_WORK and (_extent(trial, row) or 2) > 1:
         trial.parallel(row)
     tail_names = {trial.get(b).name_hint for b in tail}
+    # the blocks themselves, not their handles: peeling a stage's last step replaces its block
+    partial_blocks = [trial.get(p) for p in partials]
     for b in trial.get_child_blocks(root):
-        if trial.get(b).name_hint in tail_names:
+        blk = trial.get(b)
+        if blk.name_hint in tail_names:
             _vectorize_inner(trial, b, lanes)
         else:
-            _vectorize_row_stage(trial, b, lanes, any(trial.get(b).same_as(trial.get(p)) for p in partials), acc)
+            _vectorize_row_stage(trial, b, lanes, any(blk.same_as(p) for p in partial_blocks), acc)
     return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 
@@ -1344,7 +1370,8 @@ def _vectorize_row_stage(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, partial: bool, acc: int
 ) -> None:
     """Vectorise one stage inside the row loop (the first loop of every stage): elementwise
-    stages along their innermost axis, partial reductions along their lanes."""
+    stages along their innermost axis, partial reductions along their lanes, a reduction over a
+    ragged row (see _ragged_width) into lanes of partial results here."""
     loops = sch.get_loops(block)
     kinds = _reduction_loops(sch, block, loops)
     if len(loops) < 2 or kinds is None:
@@ -1362,7 +1389,7 @@ def _vectorize_row_stage(
         sch.decompose_reduction(block, steps[0])
         return
     if not any(kinds):
-        _vectorize_inner(sch, block, lanes)
+        _vectorize_inner(sch, block, lanes, ragged=True)
     elif not kinds[0]:  # a matmul-like stage: i-k-j within the row, its output row vectorised
         spatial = [lp for lp, r in zip(loops[1:], kinds[1:]) if not r]
         if not spatial:

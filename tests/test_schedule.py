@@ -1088,3 +1088,20 @@ def test_columns_no_vector_divides_are_padded_to_whole_vectors_past_the_serial_l
     text = func.script()
     assert ("T.vectorized(16)" in text and "B_pad" in text) == padded
     _run_matmul(func, 40, columns, 64)
+
+
+@pytest.mark.parametrize("columns, vectorised", [(197, True), (33, True), (20, False)])
+def test_elementwise_stages_of_a_ragged_row_run_whole_vectors_and_a_last_partial_one(columns, vectorised):
+    # ViT's 197-token softmax: no vector width divides its rows, and its exp and normalisation
+    # ran one element at a time; now whole vectors, the last partial one peeled off
+    from tvm import relax
+
+    mod = relax.transform.LegalizeOps()(_softmax((6, columns)))
+    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+    scheduled = schedule_cpu(func, lanes=16).with_attr("global_symbol", "main")
+    text = scheduled.script()
+    assert ("T.vectorized(T.int64(16))" in text and "_partition" in text) == vectorised
+    a = np.random.default_rng(7).standard_normal((6, columns)).astype("float32")
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(_run(scheduled, a, out_shape=(6, columns)), e / e.sum(1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)
