@@ -20,7 +20,7 @@ UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "conv
 FULLSIZE = ["bert_base", "resnet50", "mobilenetv2_224"]
 # stock configurations of architectures outside the suite, at deployment sizes: the general case
 # at real shapes (`python scripts/benchmark.py --models fullsize_unseen`)
-FULLSIZE_UNSEEN = ["vit_base", "convnext_tiny", "swin_tiny", "distilbert_base", "gpt2_small"]
+FULLSIZE_UNSEEN = ["vit_base", "convnext_tiny", "swin_tiny", "distilbert_base", "gpt2_small", "wav2vec2_base"]
 
 
 def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
@@ -43,6 +43,7 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
         "swin_tiny": (lambda: tf.SwinModel(tf.SwinConfig()), image224, ["pixel_values"]),
         "distilbert_base": (lambda: tf.DistilBertModel(tf.DistilBertConfig()), ids128, ["input_ids"]),
         "gpt2_small": (lambda: tf.GPT2Model(tf.GPT2Config()), ids128, ["input_ids"]),
+        "wav2vec2_base": (lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config()), (torch.randn(1, 16000),), ["input_values"]),
         "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
         "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000,
                                                      n_positions=64, bos_token_id=0, eos_token_id=0)),
