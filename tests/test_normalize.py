@@ -222,8 +222,8 @@ def test_transposed_convolution_with_stride_equal_to_kernel_becomes_a_matmul(ker
     np.testing.assert_allclose(got, _run(relax.transform.LegalizeOps()(mod), feed), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("op, channels, padded", [("conv2d", 21, True), ("conv2d", 24, False), ("matmul", 101, True),
-                                                   ("matmul", 21, False)])
+@pytest.mark.parametrize("op, channels, padded", [("conv2d", 21, True), ("conv2d", 3, True), ("conv2d", 24, False),
+                                                   ("conv2d", 1, False), ("matmul", 101, True), ("matmul", 21, False)])
 def test_output_channels_no_vector_divides_are_computed_padded_and_sliced(op, channels, padded):
     # a detection head's 255 channels, a segmentation head's 21 classes: without whole vectors
     # of output channels the kernel fell back to a dot product per output (64 -> 255 channels
