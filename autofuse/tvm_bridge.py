@@ -22,6 +22,7 @@ from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
 from autofuse.graph import OpNode
 from autofuse.plan import FusionPlan
+from autofuse.schedule import SERIAL_INNER
 
 
 @lru_cache(maxsize=1)
@@ -329,13 +330,13 @@ class _ChannelPadder(relax.PyExprMutator):
             return call
         if call.op.name == "relax.nn.conv2d" and int(call.attrs.groups) == 1 and call.args[1].ty.ndim == 4:
             layout = str(call.attrs.out_layout or call.attrs.data_layout)
-            # one output channel vectorises along the image instead (64 -> 1 on 64x64: 262 us;
-            # 2 or 3 channels ~1300 us, padded to 8 217 us)
+            # one output channel vectorises along the image instead (64 -> 1 on 64x64: 379 us
+            # as it is; 2 or 3 channels 1462-1582 us, padded to 8 405-425 us)
             return self._pad(call, str(call.attrs.kernel_layout).index("O"), layout.index("C"), 2)
         if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.Constant)
                 and call.args[1].ty.ndim == 2):
-            # fewer columns run as serial accumulators inside the reduction (schedule.SERIAL_INNER)
-            return self._pad(call, 1, call.ty.ndim - 1, 65)
+            # up to SERIAL_INNER columns run as serial accumulators inside the reduction
+            return self._pad(call, 1, call.ty.ndim - 1, SERIAL_INNER + 1)
         return call
 
     def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int) -> relax.Expr:
@@ -359,8 +360,8 @@ class WholeVectorChannels:
     constant columns, computed over zero weights up to a multiple of CHANNEL_MULTIPLE and sliced
     back: the register tiles need whole vectors of output channels, and without them a kernel
     falls back to one dot product per output (a 3x3 convolution of 64 -> 255 channels on a
-    20x20 image: 31 ms, 0.56 ms for 256 channels; 64 -> 3 on 64x64 1356 us, padded to 8
-    221 us). The padding of constant weights folds at compile time; the slice is the
+    20x20 image: 33.6 ms, 0.79 ms padded, 0.93 ms for 256 channels; `scripts/channel_counts.py`).
+    The padding of constant weights folds at compile time; the slice is the
     convolution's epilogue."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
