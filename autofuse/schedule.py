@@ -1039,6 +1039,16 @@ def _row_tile(rows: int, most: int) -> int:
     return 1
 
 
+def whole_tile_rows(rows: int) -> int:
+    """The row count, at least `rows`, that a register tile of 4-8 rows divides (6 on AVX2,
+    8 on AVX-512: a count with a divisor in 4-6 serves both): where none divides the rows, the
+    last tile is predicated, and a convolution (which `pad_einsum` cannot pad) then keeps every
+    tile's accumulators in memory. Up to 8 rows are one tile already."""
+    if rows <= 8 or any(rows % t == 0 for t in range(4, 9)):
+        return rows
+    return next(r for r in range(rows, rows + 4) if any(r % t == 0 for t in (4, 5, 6)))
+
+
 def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int, ragged: bool = False) -> None:
     """Vectorise the innermost loop of a block moved into a tile (its extent is the tile's).
     `ragged`: also where no vector width divides it (see _ragged_width)."""

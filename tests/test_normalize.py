@@ -277,3 +277,30 @@ def test_1d_convolutions_run_channels_last(groups):
     assert _transposes(normal) == 2  # the input's and the output's only
     assert "conv1d_nwc" in normal.script()
     _assert_computes_as_legalized(normal, mod, rng.standard_normal((1, 16, 50)).astype("float32"), 1e-4)
+
+
+@pytest.mark.parametrize(("length", "positions", "computed"), [(399, 199, 200), (3199, 1599, 1600), (401, 200, 200), (19, 9, 10), (17, 8, 8)])
+def test_1d_convolutions_compute_whole_register_tiles_of_positions(length, positions, computed):
+    # wav2vec2's feature extractor: 1599, 799, 199 frames that no row tile divides; its last tile
+    # was predicated and every tile then kept its accumulators in memory (512 -> 512 channels
+    # over 199 positions: 3.7 ms, 2.0 ms computed over 200 and sliced)
+    from autofuse.schedule import schedule_cpu
+    from autofuse.schedule import unscheduled_kernels
+
+    rng = np.random.default_rng(7)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, length), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((32, 16, 3)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.gelu(relax.op.nn.conv1d(x, w, strides=2)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    normal = normalize(mod)
+    convs = [n for n in extract_graph(normal).nodes if "conv1d" in n.op]
+    assert [n.shape[1] for n in convs] == [computed]
+    assert ("strided_slice" in normal.script()) == (computed != positions)
+    for gv, func in unscheduled_kernels(normal).items():
+        if "conv1d" in gv.name_hint:
+            assert "T.where" not in schedule_cpu(func, 16, 16).script()  # no predicated tile
+    _assert_computes_as_legalized(normal, mod, rng.standard_normal((1, 16, length)).astype("float32"), 1e-4)
