@@ -127,21 +127,26 @@ def _schedule_spatial(
         loops = [lp for k, lp in enumerate(loops) if k != gathered] + [loops[gathered]]
         sch.reorder(*loops)
     width = _vector_width(_extent(sch, loops[-1]), lanes)
-    across = _transposed_loop(sch, block, loops, lanes) if width is not None else None
+    across = _transposed_loop(sch, block, loops, lanes)
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
     # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
     # does a vector gathered from `lanes` rows
     parallel = _work(sch, block) * (1 if width is not None and across is None else lanes) >= MIN_PARALLEL_WORK
-    if width is not None and across is not None:
+    if across is not None:
         # a transpose in square tiles: a vector of the output gathers one element from each of
         # `lanes` input rows, and the next `lanes` vectors find the rest of those rows' cache
-        # lines in L1 (BERT-base's 128 x 768 -> 12 x 64 x 128 key transpose: 103 -> 14 us)
-        rest, inner = sch.split(loops[-1], [None, width])
+        # lines in L1 (BERT-base's 128 x 768 -> 12 x 64 x 128 key transpose: 103 -> 14 us).
+        # Where no vector divides the output rows (1599 frames, 197 tokens) the tiles are
+        # scalar, the last ones partial: still each cache line read once rather than once per
+        # element of a row too long for L1 (1599 x 512 -> 512 x 1599: 1323 -> 146 us; ViT-B's
+        # key transpose over 197 tokens 68 -> 55 us, `scripts/schedule_ab.py`)
+        rest, inner = sch.split(loops[-1], [None, width or lanes])
         tiles, down = sch.split(loops[across], [None, lanes])
         others = [lp for k, lp in enumerate(loops[:-1]) if k != across]
         sch.reorder(*others, tiles, rest, down, inner)
         outer = sch.fuse(*others, tiles, rest)
-        sch.vectorize(inner)
+        if width is not None:
+            sch.vectorize(inner)
     elif width is not None:  # it divides the extent
         rest, inner = sch.split(loops[-1], [None, width])
         outer = sch.fuse(*loops[:-1], rest) if loops[:-1] else rest
@@ -250,10 +255,10 @@ def _gathered_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: l
 def _transposed_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> int | None:
     """The loop (index into `loops`) along which some input of a spatial block is contiguous,
     when that is not the innermost loop, along which the output is: a transpose, whose
-    vectors then gather from rows `stride` apart. Only for whole tiles of `lanes` both ways
-    (small axes, such as an image's 3 channels, are left to the plain schedule)."""
+    vectors then gather from rows `stride` apart. Only where both axes span a tile of `lanes`
+    (small axes, such as an image's 3 channels or 7 columns, are left to the plain schedule)."""
     axes = _element_axes(sch, block, loops)
-    if axes is None or (_extent(sch, loops[-1]) or 0) % lanes:
+    if axes is None or (_extent(sch, loops[-1]) or 0) < lanes:
         return None
     blk, var_of, inner_var = axes
     for region in blk.reads:
@@ -262,7 +267,7 @@ def _transposed_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops:
         if not any(_uses(r.min, inner_var) for r in region.region[:-1]):
             continue  # broadcast along the innermost axis, not a transpose
         unit = _unit_loop(blk, var_of, region.region[-1].min)
-        if unit is not None and unit != len(loops) - 1 and (_extent(sch, loops[unit]) or 0) % lanes == 0:
+        if unit is not None and unit != len(loops) - 1 and (_extent(sch, loops[unit]) or 0) >= lanes:
             return unit
     return None
 

@@ -873,6 +873,23 @@ def _loops(func) -> list[str]:
     return [line.strip() for line in func.script().splitlines() if line.strip().startswith("for ")]
 
 
+@pytest.mark.parametrize("shape", [(99, 48), (37, 40), (16, 33)])
+def test_a_transpose_no_vector_divides_still_runs_in_tiles(shape):
+    # an audio model's NWC -> NCW output (1599 frames) or ViT's 197 tokens: without whole vectors
+    # each output row read one cache line per element, a row too long for L1 (1599 x 512:
+    # 1323 -> 146 us in tiles of 16 x 16 scalars, the last ones partial)
+    from tvm import te
+
+    rows, cols = shape
+    x = te.placeholder((1, rows, cols), name="x")
+    y = te.compute((1, cols, rows), lambda n, c, w: x[n, w, c], name="y")
+    func = schedule_cpu(te.create_prim_func([x, y]), lanes=16, acc=16)
+    extents = [int(e) for args in re.findall(r"\(([\d, ]+)\):$", "\n".join(_loops(func)), re.M) for e in args.split(",")]
+    assert extents[-2:] == [16, 16], _loops(func)  # a tile of 16 input rows x 16 output rows
+    a = np.random.default_rng(0).standard_normal((1, rows, cols)).astype("float32")
+    np.testing.assert_array_equal(_run(func, a, out_shape=(1, cols, rows)), a.transpose(0, 2, 1))
+
+
 @pytest.mark.parametrize("case", ["key_heads", "nchw_to_nhwc", "broadcast"])
 def test_a_transpose_runs_in_square_tiles_of_gathered_vectors(case):
     # an output vector gathers one element from each of 16 input rows; the next 15 vectors read
