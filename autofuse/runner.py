@@ -84,7 +84,9 @@ def _close(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: flo
             return False, float("inf")
         if g.size:
             worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-            ok = ok and bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+            finite = np.abs(w[np.isfinite(w)]) if w.dtype.kind == "f" else np.abs(w)
+            scale = float(finite.max()) if finite.size else 0.0
+            ok = ok and bool(np.allclose(g, w, rtol=rtol, atol=max(atol, rtol * scale), equal_nan=True))
     return ok, worst
 
 

@@ -13,7 +13,9 @@ REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
 # architectures the kernels and the search were not developed on: a check of the general case
 # (`python scripts/benchmark.py --models unseen`)
 UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "convnext", "efficientnet", "regnet",
-          "segformer", "whisper_encoder", "llama", "wav2vec2", "dinov2", "mobilevit", "deberta_v2", "clip_vision"]
+          "segformer", "whisper_encoder", "llama", "wav2vec2", "dinov2", "mobilevit", "deberta_v2", "clip_vision",
+          "squeezebert", "mobilebert", "convbert", "bart", "phi", "bloom", "beit", "levit", "poolformer", "bit",
+          "convnextv2", "ast", "mamba", "funnel", "cvt", "mobilenet_v1", "focalnet"]
 # the stock configurations at deployment sizes (224x224 images, 128 tokens): the suite above uses
 # small ones so that a run fits in an hour; these show where the kernels stand on real shapes
 # (`python scripts/benchmark.py --models fullsize`)
@@ -99,6 +101,46 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
                                                                     **small_tf)), ids, ["input_ids"]),
         "clip_vision": (lambda: tf.CLIPVisionModel(tf.CLIPVisionConfig(image_size=64, patch_size=8, **small_tf)),
                         image64, ["pixel_values"]),
+        "squeezebert": (lambda: tf.SqueezeBertModel(tf.SqueezeBertConfig(
+            vocab_size=1000, embedding_size=128, max_position_embeddings=64, **small_tf)), ids, ["input_ids"]),
+        "mobilebert": (lambda: tf.MobileBertModel(tf.MobileBertConfig(
+            vocab_size=1000, hidden_size=128, embedding_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, intra_bottleneck_size=64, true_hidden_size=64, max_position_embeddings=64)),
+            ids, ["input_ids"]),
+        "convbert": (lambda: tf.ConvBertModel(tf.ConvBertConfig(vocab_size=1000, max_position_embeddings=64,
+                                                                embedding_size=128, **small_tf)), ids, ["input_ids"]),
+        "bart": (lambda: tf.BartModel(tf.BartConfig(
+            vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=64)),
+            ids, ["input_ids"]),
+        "phi": (lambda: tf.PhiModel(tf.PhiConfig(vocab_size=1000, hidden_size=128, intermediate_size=256,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  max_position_embeddings=64)), ids, ["input_ids"]),
+        "bloom": (lambda: tf.BloomModel(tf.BloomConfig(vocab_size=1000, hidden_size=128, n_layer=2, n_head=4)),
+                  ids, ["input_ids"]),
+        "beit": (lambda: tf.BeitModel(tf.BeitConfig(image_size=32, patch_size=8, use_relative_position_bias=True,
+                                                    **small_tf), add_pooling_layer=False), image32, ["pixel_values"]),
+        "levit": (lambda: tf.LevitModel(tf.LevitConfig(image_size=64, hidden_sizes=[32, 64, 96], num_attention_heads=[1, 2, 3],
+                                                       depths=[1, 1, 1], key_dim=[8, 8, 8])), image64, ["pixel_values"]),
+        "poolformer": (lambda: tf.PoolFormerModel(tf.PoolFormerConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1])),
+                       image64, ["pixel_values"]),
+        "bit": (lambda: tf.BitModel(tf.BitConfig(embedding_size=64, hidden_sizes=[128, 256, 512, 1024], depths=[1, 1, 1, 1])),
+                image64, ["pixel_values"]),
+        "convnextv2": (lambda: tf.ConvNextV2Model(tf.ConvNextV2Config(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1])),
+                       image64, ["pixel_values"]),
+        "ast": (lambda: tf.ASTModel(tf.ASTConfig(num_mel_bins=32, max_length=64, patch_size=16, frequency_stride=10,
+                                                 time_stride=10, **small_tf)),
+                (torch.randn(1, 64, 32),), ["input_values"]),
+        "mamba": (lambda: tf.MambaModel(tf.MambaConfig(vocab_size=1000, hidden_size=64, state_size=8,
+                                                       num_hidden_layers=2, expand=2, conv_kernel=4)), ids, ["input_ids"]),
+        "funnel": (lambda: tf.FunnelBaseModel(tf.FunnelConfig(vocab_size=1000, block_sizes=[1, 1], d_model=128, n_head=4,
+                                                              d_head=32, d_inner=256)), ids, ["input_ids"]),
+        "cvt": (lambda: tf.CvtModel(tf.CvtConfig(embed_dim=[32, 64, 128], num_heads=[1, 2, 4], depth=[1, 2, 3])),
+                image64, ["pixel_values"]),
+        "mobilenet_v1": (lambda: tf.MobileNetV1Model(tf.MobileNetV1Config(image_size=64, depth_multiplier=0.5)),
+                         image64, ["pixel_values"]),
+        "focalnet": (lambda: tf.FocalNetModel(tf.FocalNetConfig(image_size=64, embed_dim=32, depths=[1, 1],
+                                                                hidden_sizes=[32, 64])), image64, ["pixel_values"]),
     }
     make, args, names = table[name]
 

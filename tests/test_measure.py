@@ -128,6 +128,15 @@ def test_tolerances_are_dtype_aware():
     assert not worker.compare([np.array([1, 2])], [np.array([1, 3])])[0]
 
 
+def test_small_outputs_are_compared_at_their_outputs_scale():
+    # BiT: 1.8e-5 off on a small output of a tensor reaching 4.9 is rounding, and every plan
+    # (the unfused one too) had been rejected as wrong; 1% of that scale is not
+    want = np.array([4.9, -3.0, 0.05, 0.0, np.inf], dtype="float32")
+    assert worker.compare([want + np.array([0, 0, 1.8e-5, 1.8e-5, 0], dtype="float32")], [want])[0]
+    assert not worker.compare([want + np.array([0, 0, 0.049, 0, 0], dtype="float32")], [want])[0]
+    assert not worker.compare([want + np.array([0, 0, 0, 0.01, 0], dtype="float32")], [want])[0]
+
+
 def test_cuda_build_only(transformer):
     with IsolatedMeasurer(transformer, target="cuda", build_only=True, config=FAST) as m:
         r = m.measure(transformer.tvm_default())
