@@ -128,6 +128,8 @@ def _schedule_spatial(
         sch.reorder(*loops)
     width = _vector_width(_extent(sch, loops[-1]), lanes)
     across = _transposed_loop(sch, block, loops, lanes)
+    tile = _transpose_tile(sch, block, _extent(sch, loops[across]) or 0, width, lanes) if across is not None else None
+    across = across if tile else None
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
     # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
     # does a vector gathered from `lanes` rows
@@ -139,9 +141,10 @@ def _schedule_spatial(
         # Where no vector divides the output rows (1599 frames, 197 tokens) the tiles are
         # scalar, the last ones partial: still each cache line read once rather than once per
         # element of a row too long for L1 (1599 x 512 -> 512 x 1599: 1323 -> 146 us; ViT-B's
-        # key transpose over 197 tokens 68 -> 55 us, `scripts/schedule_ab.py`)
+        # key transpose over 197 tokens 85 -> 37 us, `scripts/schedule_ab.py`). How many input
+        # rows a tile takes: _transpose_tile
         rest, inner = sch.split(loops[-1], [None, width or lanes])
-        tiles, down = sch.split(loops[across], [None, lanes])
+        tiles, down = sch.split(loops[across], [None, tile])
         others = [lp for k, lp in enumerate(loops[:-1]) if k != across]
         sch.reorder(*others, tiles, rest, down, inner)
         outer = sch.fuse(*others, tiles, rest)
@@ -272,6 +275,22 @@ def _transposed_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops:
     return None
 
 
+def _transpose_tile(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, across: int, width: int | None, lanes: int
+) -> int | None:
+    """Input rows a transpose's tile reads (see _schedule_spatial), `across` rows in all:
+    `lanes`, else the largest divisor of them down to half that (56 image columns in tiles of
+    14): a partial tile's predicate made the vector loop inside it scalar (ConvNeXt-T's
+    96x56x56 -> 56x56x96 77 -> 109 us). None (no tiles): where that leaves a partial tile under
+    whole vectors, and where no vector divides the output rows of a transpose L1 holds whole
+    (ViT's 17 x 128 keys: 1.2 us as plain loops, 2.5 in scalar tiles)."""
+    blk = sch.get(block)
+    if width is None and _work(sch, block) * tvm.DataType(blk.writes[0].source.dtype).bits // 8 <= L1_BYTES:
+        return None
+    whole = next((t for t in range(lanes, lanes // 2 - 1, -1) if across % t == 0), None)
+    return whole or (lanes if width is None else None)
+
+
 def _schedule_reduction(
     sch: s_tir.Schedule,
     block: s_tir.schedule.SBlockRV,
@@ -399,6 +418,8 @@ def _row_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_vars: list[
 # divides it
 SERIAL_INNER = 64
 
+# the smallest L1 data cache of the hosts measured (AMD Zen 3 and 4: 32 KiB; Intel: 48)
+L1_BYTES = 32 << 10
 # the smallest L2 cache per core of the hosts measured (AMD EPYC, Zen 3): what `l2_bytes` assumes
 # where the machine does not say
 L2_BYTES = 512 << 10
