@@ -383,7 +383,7 @@ class _RowPadder(relax.PyExprMutator):
         width = getattr(call.ty.shape.values[axis], "value", None) if call.ty.ndim == 3 else None
         if not isinstance(width, int) or whole_tile_rows(width) == width:
             return call
-        # e more zeros on the right at the stride: exactly e more output positions
+        # n more output positions from n strides more of zeros on the right
         extra = (whole_tile_rows(width) - width) * int(call.attrs.strides[0])
         left, right = (int(p) for p in call.attrs.padding)
         a = call.attrs
@@ -399,7 +399,7 @@ class WholeTileRows:
     """1-D convolutions whose output positions no register tile divides (wav2vec2's 1599, 799,
     199 frames) computed over a few more positions of zero padding and sliced back: with a
     predicated last tile every tile kept its accumulators in memory (512 -> 512 channels,
-    3 taps, stride 2, 199 positions: 3.7 ms, 2.0 ms over 200; 1599: 20.6 -> 16.2 ms). 2-D
+    3 taps, stride 2, 199 positions: 3.8 ms, 2.1 ms over 200; 1599: 20.7 -> 17.7 ms). 2-D
     convolutions are not padded: their tiles take rows across image rows."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
