@@ -363,7 +363,7 @@ class WholeVectorChannels:
     constant columns, computed over zero weights up to a multiple of CHANNEL_MULTIPLE and sliced
     back: the register tiles need whole vectors of output channels, and without them a kernel
     falls back to one dot product per output (a 3x3 convolution of 64 -> 255 channels on a
-    20x20 image: 33.6 ms, 0.79 ms padded, 0.93 ms for 256 channels; `scripts/channel_counts.py`).
+    20x20 image: 33.6 ms, 0.79 ms padded, 0.93 ms for 256 channels; `scripts/ragged_shapes.py channels`).
     The padding of constant weights folds at compile time; the slice is the
     convolution's epilogue."""
 
@@ -381,10 +381,11 @@ class _RowPadder(relax.PyExprMutator):
             return call
         axis = str(call.attrs.out_layout or call.attrs.data_layout).index("W")
         width = getattr(call.ty.shape.values[axis], "value", None) if call.ty.ndim == 3 else None
-        if not isinstance(width, int) or whole_tile_rows(width) == width:
+        computed = whole_tile_rows(width) if isinstance(width, int) else width
+        if computed == width:
             return call
         # n more output positions from n strides more of zeros on the right
-        extra = (whole_tile_rows(width) - width) * int(call.attrs.strides[0])
+        extra = (computed - width) * int(call.attrs.strides[0])
         left, right = (int(p) for p in call.attrs.padding)
         a = call.attrs
         emit = self.builder_.normalize

@@ -24,6 +24,7 @@ from autofuse.build import time_interleaved
 from autofuse.importer import InputSpec
 from autofuse.importer import random_inputs
 from autofuse.importer import run_onnxruntime
+from autofuse.worker import compare
 
 
 def main() -> None:
@@ -57,9 +58,10 @@ def check(model_path: str, paths: list[str], mods: list, feeds: list[np.ndarray]
     want = run_onnxruntime(model, specs, feeds)
     for path, mod in zip(paths, mods):
         got = run(mod, tvm.cpu(0), feeds)  # a loaded library serves as well as an Executable
-        diff = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
+        same, diff = compare(got, want)
         print(f"{path:40s} max abs difference from onnxruntime {diff:.2e} (largest output value "
-              f"{max(float(np.max(np.abs(w))) for w in want):.3g})")
+              f"{max(float(np.max(np.abs(w))) for w in want):.3g}; {'within' if same else 'OUTSIDE'} the "
+              "tuner's tolerance)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Each model (torchvision CNNs, recurrent and other hand-written PyTorch modules; 
 small inputs) is exported with both of PyTorch's ONNX exporters (dynamo and TorchScript), then,
 in a process of its own (TVM can abort a process), imported, normalised, and TVM's plan, the
 unfused plan and the tuner's seed plans (SearchSpace.plus_kinds) are built, checked against the
-unfused model and timed in turns in one worker; onnxruntime is timed beside them. No search:
+unfused model and timed in turns in one worker; onnxruntime is timed beside them, and the unfused
+model's outputs compared with onnxruntime's on the same inputs. No search:
 this is about what every model gets before tuning, and whether anything fails.
 
     pip install -e ".[bench]" torchvision
@@ -21,9 +22,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 SMALL_IMAGE = (1, 3, 64, 64)
 
@@ -128,7 +132,9 @@ def check_one(path: str) -> dict[str, Any]:
     from autofuse.build import MeasureConfig
     from autofuse.decision import paired_speedup
     from autofuse.importer import random_inputs
+    from autofuse.importer import run_onnxruntime
     from autofuse.measure import IsolatedMeasurer
+    from autofuse.worker import compare
     from autofuse.space import SearchSpace
     from autofuse.workload import prepare
 
@@ -139,8 +145,12 @@ def check_one(path: str) -> dict[str, Any]:
         return {"status": "import_error", "error": str(err).strip().splitlines()[-1][:300]}
     default = w.tvm_default()
     plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
-    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m:
+    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m, \
+            tempfile.TemporaryDirectory() as ref_dir:
         results = m.measure_together(plans)
+        ref = m.write_reference(ref_dir)  # the worker's inputs and the unfused model's outputs
+        inputs = [np.load(Path(ref_dir) / i["file"]) for i in ref["inputs"]]
+        unfused = [np.load(Path(ref_dir) / f) for f in ref["expected"]]
     rows = {p.name: r for p, r in zip(plans, results)}
     base = rows["tvm_default"]
     out: dict[str, Any] = {"status": "ok", "ops": len(w.graph.nodes), "plans": {}}
@@ -152,13 +162,16 @@ def check_one(path: str) -> dict[str, Any]:
         feeds = random_inputs(w.inputs)
         ort = sorted(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=10))
         out["onnxruntime_s"] = ort[len(ort) // 2]
+        # the plans were checked against the unfused model; that one against onnxruntime
+        same, diff = compare(unfused, run_onnxruntime(w.loaded.onnx_model, w.inputs, inputs))
+        out["onnxruntime_match"], out["onnxruntime_max_diff"] = same, diff
     out["wall_s"] = time.perf_counter() - t0
     return out
 
 
 def _row(name: str, exporter: str, res: dict[str, Any]) -> str:
     if res.get("status") != "ok":
-        return f"| {name} | {exporter} | - | {res.get('status')}: {res.get('error', '')} | | | | | |"
+        return f"| {name} | {exporter} | - | {res.get('status')}: {res.get('error', '')} | | | | | | |"
     plans = res["plans"]
     failed = [f"{k} {v['status']}" for k, v in plans.items() if v["status"] != "ok"]
     ok = {k: v for k, v in plans.items() if v["status"] == "ok"}
@@ -172,7 +185,14 @@ def _row(name: str, exporter: str, res: dict[str, Any]) -> str:
             + (f" ({'; '.join(failed)})" if failed else "")
             + f" | {us(plans.get('unfused', {}).get('median_s'))} | {us(default.get('median_s'))}"
             + f" | {best} {f'{vs:.2f}x' if vs else ''} | {us(ort)}"
-            + f" | {f'{ort / best_s:.2f}x' if ort and best_s else '-'} |")
+            + f" | {f'{ort / best_s:.2f}x' if ort and best_s else '-'}"
+            + f" | {_match(res)} |")
+
+
+def _match(res: dict[str, Any]) -> str:
+    if "onnxruntime_max_diff" not in res:
+        return "-"
+    return f"{'yes' if res['onnxruntime_match'] else 'NO'} ({res['onnxruntime_max_diff']:.1e})"
 
 
 def main() -> int:
@@ -190,8 +210,8 @@ def main() -> int:
     names = list(torch_models()) if args.models == "all" else args.models.split(",")
     (args.out / "models").mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
-    lines = ["| model | exporter | ops | plans built and checked | unfused us | tvm_default us | best plan (paired vs tvm_default) | onnxruntime us | ORT / best |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | exporter | ops | plans built and checked | unfused us | tvm_default us | best plan (paired vs tvm_default) | onnxruntime us | ORT / best | matches onnxruntime (max diff) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         for exporter, path in export(name, args.out / "models", args.image):
             print(f"== {name} ({exporter}): {path}", file=sys.stderr, flush=True)

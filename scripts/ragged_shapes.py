@@ -1,0 +1,86 @@
+"""Time a kernel over a shape no register tile or vector divides, with and without the rule
+that handles it, as autofuse builds it (the normalised module; NCHW/NCW transposes included).
+
+The README's and the rules' figures came from this:
+- channels: a 3x3 convolution whose output channels no vector width divides (255, 3), with and
+  without tvm_bridge.WholeVectorChannels (channels padded to a multiple of 8, sliced back);
+- frames: a 512 -> 512 1-D convolution (3 taps, stride 2) over output lengths no row tile
+  divides (199, 1599), with and without tvm_bridge.WholeTileRows;
+- transpose: [frames, 512] -> [512, frames] with and without schedule._transpose_tile's tiles.
+
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 255,256 --image 20
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 1,2,3,8 --image 64
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py frames --sizes 199,200,1599
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py transpose --sizes 1599
+"""
+
+import argparse
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from autofuse import build
+from autofuse import schedule
+from autofuse import tvm_bridge
+
+
+def conv2d(channels: int, image: int, c_in: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """NCHW input and OIHW weights, as an ONNX model imports; normalisation makes them NHWC."""
+    w = np.random.default_rng(0).standard_normal((channels, c_in, 3, 3)).astype("float32")
+    return _module((1, c_in, image, image), lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=1))
+
+
+def conv1d(frames: int, channels: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """Stride 2, 3 taps, no padding: `frames` output positions from 2 * frames + 1 inputs."""
+    w = (np.random.default_rng(0).standard_normal((channels, channels, 3)) * 0.05).astype("float32")
+    return _module((1, channels, 2 * frames + 1), lambda x: relax.op.nn.conv1d(x, relax.const(w), strides=2))
+
+
+def transpose(frames: int, channels: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    return _module((1, frames, channels), lambda x: relax.op.permute_dims(x, [0, 2, 1]))
+
+
+def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]]:  # noqa: ANN001
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(x))
+        bb.emit_func_output(out)
+    return bb.get(), shape
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("case", choices=["channels", "frames", "transpose"])
+    ap.add_argument("--sizes", default="255,256", help="output channels, or output frames")
+    ap.add_argument("--image", type=int, default=20, help="channels: image height and width")
+    ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
+    args = ap.parse_args()
+    target, dev = build.make_target("llvm"), tvm.cpu()
+    unchanged = tvm.transform.module_pass(lambda mod, _ctx: mod, opt_level=0, name="Unchanged")
+    rule = {"channels": (tvm_bridge, "WholeVectorChannels", lambda: unchanged),
+            "frames": (tvm_bridge, "WholeTileRows", lambda: unchanged),
+            "transpose": (schedule, "_transpose_tile", lambda *_: None)}[args.case]
+    original = getattr(rule[0], rule[1])
+    config = build.MeasureConfig(repeat=9)
+    for size in (int(s) for s in args.sizes.split(",")):
+        if args.case == "channels":
+            mod, shape = conv2d(size, args.image, args.in_channels or 64)
+        else:
+            mod, shape = (conv1d if args.case == "frames" else transpose)(size, args.in_channels or 512)
+        feed = np.random.default_rng(1).standard_normal(shape).astype("float32")
+        times = {}
+        for applied in (False, True):
+            setattr(rule[0], rule[1], original if applied else rule[2])  # looked up at each use
+            try:
+                ex = build.build(tvm_bridge.normalize(mod), target)
+            finally:
+                setattr(rule[0], rule[1], original)
+            times[applied] = np.median(build.time_latency(ex, dev, [feed], config)) * 1e6
+        print(f"{args.case} {size:5d}: {times[False]:10.1f} us without the rule, {times[True]:10.1f} us with it")
+
+
+if __name__ == "__main__":
+    main()
