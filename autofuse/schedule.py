@@ -140,9 +140,9 @@ def _schedule_spatial(
         # lines in L1 (BERT-base's 128 x 768 -> 12 x 64 x 128 key transpose: 103 -> 14 us).
         # Where no vector divides the output rows (1599 frames, 197 tokens) the tiles are
         # scalar, the last ones partial: still each cache line read once rather than once per
-        # element of a row too long for L1 (1599 x 512 -> 512 x 1599: 1323 -> 146 us; ViT-B's
-        # key transpose over 197 tokens 85 -> 37 us, `scripts/schedule_ab.py`). How many input
-        # rows a tile takes: _transpose_tile
+        # element of a row too long for L1 (1599 x 512 -> 512 x 1599: 1279 -> 367 us,
+        # `scripts/ragged_shapes.py transpose`; ViT-B's key transpose over 197 tokens 85 -> 37 us,
+        # `scripts/schedule_ab.py`). How many input rows a tile takes: _transpose_tile
         rest, inner = sch.split(loops[-1], [None, width or lanes])
         tiles, down = sch.split(loops[across], [None, tile])
         others = [lp for k, lp in enumerate(loops[:-1]) if k != across]
@@ -1069,8 +1069,10 @@ def whole_tile_rows(rows: int) -> int:
     """The row count, at least `rows`, that a register tile of 4-8 rows divides (6 on AVX2,
     8 on AVX-512: a count with a divisor in 4-6 serves both): where none divides the rows, the
     last tile is predicated, and a convolution (which `pad_einsum` cannot pad) then keeps every
-    tile's accumulators in memory. Up to 8 rows are one tile already."""
-    if rows <= 8 or any(rows % t == 0 for t in range(4, 9)):
+    tile's accumulators in memory. Short rows are left as they are: over 9-25 positions the
+    padded copy and its slice cost about what the predicate did (0.6-1.4x, noisy; 33 and 67
+    positions 1.3x and 1.8x, `scripts/ragged_shapes.py frames`)."""
+    if rows < 32 or any(rows % t == 0 for t in range(4, 9)):
         return rows
     return next(r for r in range(rows, rows + 4) if any(r % t == 0 for t in (4, 5, 6)))
 

@@ -883,7 +883,7 @@ def _loops(func) -> list[str]:
 def test_a_transpose_no_vector_divides_still_runs_in_tiles(shape, last_loops):
     # an audio model's NWC -> NCW output (1599 frames) or ViT's 197 tokens: without whole vectors
     # each output row read one cache line per element, a row too long for L1 (1599 x 512:
-    # 1323 -> 146 us in tiles of 16 x 16 scalars, the last ones partial); ConvNeXt's 56 image
+    # 1279 -> 367 us in tiles of 16 x 16 scalars, the last ones partial); ConvNeXt's 56 image
     # columns in tiles of 14 (a predicated 16 had made its vectors scalar: 0.71x)
     from tvm import te
 
