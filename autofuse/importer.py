@@ -21,6 +21,8 @@ import onnx
 import tvm
 from tvm import relax
 
+from autofuse import onnx_converters
+from autofuse import onnx_dft
 from autofuse import onnx_qlinear
 from autofuse import onnx_rnn
 
@@ -182,11 +184,15 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
     return tuple(specs)
 
 
+# operators TVM's frontend lacks, converted by autofuse
+_CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS}
+
+
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """Nodes TVM's ONNX frontend has no converter for, as 'name (OpType, domain opset N)'."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    supported = set(_get_convert_map()) | set(onnx_rnn.CONVERTERS) | {"Constant", "If"}
+    supported = set(_get_convert_map()) | set(_CONVERTERS) | {"Constant", "If"}
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     out = []
     for node in model.graph.node:
@@ -221,7 +227,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        with _relax_clip(), onnx_rnn.registered():
+        with _relax_clip(), onnx_converters.registered(_CONVERTERS):
             mod = from_onnx(
                 model,
                 shape_dict={s.name: list(s.shape) for s in specs},

@@ -11,13 +11,15 @@ stays per step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-import tvm
 from tvm import relax
+
+from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import is_const
+from autofuse.onnx_converters import optional_input
+from autofuse.onnx_converters import static_shape
 
 Activation = Callable[[relax.Expr], relax.Expr]
 
@@ -64,29 +66,10 @@ def _error(cell: _Cell, name: str, problem: str) -> ValueError:
     return ValueError(f"{cell.op} node {name!r}: {problem}")
 
 
-def _is_const(expr: relax.Expr | None) -> bool:
-    return isinstance(expr, tvm.ir.expr.GenericConst)
-
-
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    try:
-        return tuple(int(v) for v in expr.ty.shape.values)
-    except (AttributeError, TypeError):  # unknown rank or a symbolic dimension
-        return None
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _input(inputs: list, i: int, params: list) -> relax.Expr | None:
-    """Optional input `i` (absent: None); a parameter becomes the constant it holds."""
-    expr = inputs[i] if len(inputs) > i else None
-    if isinstance(expr, relax.Var):
-        from tvm.relax.frontend.onnx.onnx_frontend import get_constant
-
-        return get_constant(expr, params)
-    return expr
 
 
 def _parse(cell: _Cell, inputs: list, attr: dict, params: list) -> _Node:
@@ -115,12 +98,12 @@ def _parse(cell: _Cell, inputs: list, attr: dict, params: list) -> _Node:
         tuple(_ACTIVATIONS[a.lower()] for a in names[d * n : (d + 1) * n])
         for d in range(len(dirs))
     )
-    x_shape, r_shape = _static_shape(inputs[0]), _static_shape(inputs[2])
+    x_shape, r_shape = static_shape(inputs[0]), static_shape(inputs[2])
     if x_shape is None or r_shape is None:
         raise _error(cell, name, "X and R need static shapes to unroll the sequence")
     seq = x_shape[1 if layout else 0]
-    lens = _input(inputs, 4, params)
-    if lens is not None and not _is_const(lens):
+    lens = optional_input(inputs, 4, params)
+    if lens is not None and not is_const(lens):
         raise _error(
             cell, name, "sequence_lens is not a constant; only a constant equal to the full "
             "sequence length for every batch entry is supported",
@@ -156,7 +139,7 @@ class _Emitter:
 
     def direction(self, t: relax.Expr, d: int, keep_dim: bool = False) -> relax.Expr:
         """t[d] (t[d:d+1] with keep_dim) of a [num_directions, ...] tensor."""
-        if _is_const(t):
+        if is_const(t):
             v = t.value.numpy()
             return relax.const(v[d : d + 1] if keep_dim else v[d])
         part = self(relax.op.strided_slice(t, axes=[0], begin=[d], end=[d + 1]))
@@ -164,18 +147,18 @@ class _Emitter:
 
     def rows(self, t: relax.Expr, begin: int, end: int) -> relax.Expr:
         """t[begin:end] along the first axis (gate blocks of a weight, bias or peephole)."""
-        if _is_const(t):
+        if is_const(t):
             return relax.const(t.value.numpy()[begin:end])
         return self(relax.op.strided_slice(t, axes=[0], begin=[begin], end=[end]))
 
     def time_major(self, t: relax.Expr) -> relax.Expr:
         """A layout=1 tensor ([batch, seq or num_directions, n]) with its first axes swapped."""
-        if _is_const(t):
+        if is_const(t):
             return relax.const(np.ascontiguousarray(np.swapaxes(t.value.numpy(), 0, 1)))
         return self(relax.op.permute_dims(t, [1, 0, 2]))
 
     def transposed(self, t: relax.Expr) -> relax.Expr:
-        if _is_const(t):
+        if is_const(t):
             return relax.const(np.ascontiguousarray(t.value.numpy().T))
         return self(relax.op.permute_dims(t))
 
@@ -183,12 +166,12 @@ class _Emitter:
         """a + b, either of which may be absent (zero)."""
         if a is None or b is None:
             return a if b is None else b
-        if _is_const(a) and _is_const(b):
+        if is_const(a) and is_const(b):
             return relax.const(a.value.numpy() + b.value.numpy())
         return self(relax.op.add(a, b))
 
     def concat(self, parts: list[relax.Expr]) -> relax.Expr:
-        if all(_is_const(t) for t in parts):
+        if all(is_const(t) for t in parts):
             return relax.const(np.concatenate([t.value.numpy() for t in parts]))
         return self(relax.op.concat(parts, axis=0))
 
@@ -212,7 +195,7 @@ class _Emitter:
 def _state(e: _Emitter, t: relax.Expr | None, d: int) -> relax.Expr | None:
     """Direction d's initial state as [1, batch, hidden]; None when absent or all zeros (as
     exporters write them: the first step then skips the terms it would zero)."""
-    if t is None or (_is_const(t) and not np.any(t.value.numpy())):
+    if t is None or (is_const(t) and not np.any(t.value.numpy())):
         return None
     return e.direction(e.time_major(t) if e.node.layout else t, d, keep_dim=True)
 
@@ -277,11 +260,11 @@ def _convert(
     """Y, Y_h (and Y_c for LSTM) of one recurrent node, unrolled over its static sequence."""
     node = _parse(cell, inputs, attr, params)
     e = _Emitter(bb, node)
-    x, w, r, b, h0 = inputs[0], *(_input(inputs, i, params) for i in (1, 2, 3, 5))
-    c0, peep = (_input(inputs, i, params) if cell is _LSTM else None for i in (6, 7))
+    x, w, r, b, h0 = inputs[0], *(optional_input(inputs, i, params) for i in (1, 2, 3, 5))
+    c0, peep = (optional_input(inputs, i, params) if cell is _LSTM else None for i in (6, 7))
     if node.layout:  # batch-major tensors become time-major inside (initial states: in _state)
         x = e.time_major(x)
-    seq, hsz, gates = _static_shape(x)[0], node.hidden, cell.gates
+    seq, hsz, gates = static_shape(x)[0], node.hidden, cell.gates
     ys, hs, cs = [], [], []
     for d, direction in enumerate(node.directions):
         rd = e.direction(r, d)  # [gates*hidden, hidden]
@@ -329,31 +312,7 @@ def _convert(
     return relax.Tuple(outs)
 
 
-def _converter(cell: _Cell) -> type:
-    """A frontend converter class for `cell` (one implementation serves every opset)."""
-    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
-
-    def impl(cls: type, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list):
-        return _convert(cell, bb, inputs, attr, params)
-
-    return type(cell.op, (OnnxOpConverter,), {"_impl_v1": classmethod(impl)})
-
-
-CONVERTERS: dict[str, type] = {cell.op: _converter(cell) for cell in (_LSTM, _GRU, _RNN)}
-
-
-@contextmanager
-def registered() -> Iterator[None]:
-    """TVM's ONNX frontend with the LSTM, GRU and RNN converters added (restored on exit).
-
-    The frontend looks converters up through its module-level `_get_convert_map()` for every
-    node, so wrapping that one function is enough.
-    """
-    from tvm.relax.frontend.onnx import onnx_frontend as fe
-
-    stock = fe._get_convert_map
-    fe._get_convert_map = lambda: {**stock(), **CONVERTERS}
-    try:
-        yield
-    finally:
-        fe._get_convert_map = stock
+CONVERTERS: dict[str, type] = {
+    cell.op: converter(cell.op, lambda bb, inputs, attr, params, cell=cell: _convert(cell, bb, inputs, attr, params))
+    for cell in (_LSTM, _GRU, _RNN)
+}

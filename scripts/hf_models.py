@@ -15,7 +15,8 @@ REAL = ["bert", "gpt2", "vit", "resnet", "mobilenetv2"]
 UNSEEN = ["distilbert", "roberta", "albert", "t5_encoder", "deit", "swin", "convnext", "efficientnet", "regnet",
           "segformer", "whisper_encoder", "llama", "wav2vec2", "dinov2", "mobilevit", "deberta_v2", "clip_vision",
           "squeezebert", "mobilebert", "convbert", "bart", "phi", "bloom", "beit", "levit", "poolformer", "bit",
-          "convnextv2", "ast", "mamba", "funnel", "cvt", "mobilenet_v1", "focalnet"]
+          "convnextv2", "ast", "mamba", "funnel", "cvt", "mobilenet_v1", "focalnet", "videomae", "yolos",
+          "patchtst", "fnet", "swinv2", "gpt_neox", "xlnet", "wavlm", "dpt", "modernbert", "pvt_v2", "rwkv", "detr"]
 # the stock configurations at deployment sizes (224x224 images, 128 tokens): the suite above uses
 # small ones so that a run fits in an hour; these show where the kernels stand on real shapes
 # (`python scripts/benchmark.py --models fullsize`)
@@ -141,6 +142,51 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
                          image64, ["pixel_values"]),
         "focalnet": (lambda: tf.FocalNetModel(tf.FocalNetConfig(image_size=64, embed_dim=32, depths=[1, 1],
                                                                 hidden_sizes=[32, 64])), image64, ["pixel_values"]),
+        "videomae": (lambda: tf.VideoMAEModel(tf.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2,
+                                                                **small_tf)),
+                     (torch.randn(1, 4, 3, 32, 32),), ["pixel_values"]),
+        "yolos": (lambda: tf.YolosModel(tf.YolosConfig(image_size=[64, 64], patch_size=8, num_detection_tokens=10,
+                                                       **small_tf), add_pooling_layer=False), image64, ["pixel_values"]),
+        "patchtst": (lambda: tf.PatchTSTModel(tf.PatchTSTConfig(num_input_channels=3, context_length=64, patch_length=8,
+                                                                patch_stride=8, d_model=64, num_hidden_layers=2,
+                                                                num_attention_heads=4, ffn_dim=128)),
+                     (torch.randn(1, 64, 3),), ["past_values"]),
+        "fnet": (lambda: tf.FNetModel(tf.FNetConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
+                                                    intermediate_size=512, max_position_embeddings=64)), ids, ["input_ids"]),
+        "swinv2": (lambda: tf.Swinv2Model(tf.Swinv2Config(image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
+                                                          num_heads=[2, 4], window_size=4)), image64, ["pixel_values"]),
+        "gpt_neox": (lambda: tf.GPTNeoXModel(tf.GPTNeoXConfig(vocab_size=1000, max_position_embeddings=64, rotary_pct=0.25,
+                                                              **small_tf)), ids, ["input_ids"]),
+        "xlnet": (lambda: tf.XLNetModel(tf.XLNetConfig(vocab_size=1000, d_model=128, n_layer=2, n_head=4, d_inner=512)),
+                  ids, ["input_ids"]),
+        "wavlm": (lambda: tf.WavLMModel(tf.WavLMConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)), (torch.randn(1, 4000),), ["input_values"]),
+        "dpt": (lambda: tf.DPTForDepthEstimation(tf.DPTConfig(
+            image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+            backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32,
+            head_hidden_size=16)), image64, ["pixel_values"]),
+        "modernbert": (lambda: tf.ModernBertModel(tf.ModernBertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
+                                                                      num_attention_heads=4, intermediate_size=256,
+                                                                      global_attn_every_n_layers=2, local_attention=16,
+                                                                      max_position_embeddings=64, pad_token_id=0,
+                                                                      bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                                                      sep_token_id=2)), ids, ["input_ids"]),
+        "pvt_v2": (lambda: tf.PvtV2Model(tf.PvtV2Config(image_size=64, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                                        num_attention_heads=[1, 2, 4, 8])), image64, ["pixel_values"]),
+        "rwkv": (lambda: tf.RwkvModel(tf.RwkvConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                                    attention_hidden_size=64, intermediate_size=256, context_length=64)),
+                 ids, ["input_ids"]),
+        "detr": (lambda: tf.DetrModel(tf.DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False,
+                                                    backbone_config=tf.ResNetConfig(embedding_size=16,
+                                                                                    hidden_sizes=[16, 32, 64, 128],
+                                                                                    depths=[1, 1, 1, 1],
+                                                                                    out_features=["stage4"]),
+                                                    d_model=64, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=128,
+                                                    decoder_ffn_dim=128, encoder_attention_heads=4,
+                                                    decoder_attention_heads=4, num_queries=10)),
+                 image64, ["pixel_values"]),
     }
     make, args, names = table[name]
 
@@ -150,6 +196,7 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
             self.inner = inner
 
         def forward(self, x: Any) -> Any:
-            return self.inner(x).last_hidden_state
+            out = self.inner(x)  # a depth or detection head has no last_hidden_state: its first output
+            return out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out[0]
 
     return LastHidden(make()).eval(), args, names

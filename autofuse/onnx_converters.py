@@ -1,0 +1,62 @@
+"""Converters added to TVM's Relax ONNX frontend for operators it lacks, and their shared helpers.
+
+The frontend looks converters up through its module-level `_get_convert_map()` for every node,
+so wrapping that one function registers ours for the duration of an import (`registered`). Each
+converter module (`onnx_rnn`, `onnx_dft`) exports a CONVERTERS map of op type -> converter class.
+Shapes are static in autofuse (the importer fixes input shapes), which is what lets these
+converters unroll a recurrence or build a transform's matrix from the shapes they see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import tvm
+from tvm import relax
+
+
+def is_const(expr: relax.Expr | None) -> bool:
+    return isinstance(expr, tvm.ir.expr.GenericConst)
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """The expression's shape, or None where its rank or a dimension is unknown."""
+    try:
+        return tuple(int(v) for v in expr.ty.shape.values)
+    except (AttributeError, TypeError):  # unknown rank or a symbolic dimension
+        return None
+
+
+def optional_input(inputs: list, i: int, params: list) -> relax.Expr | None:
+    """Optional input `i` (absent: None); a parameter becomes the constant it holds."""
+    expr = inputs[i] if len(inputs) > i else None
+    if isinstance(expr, relax.Var):
+        from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+        return get_constant(expr, params)
+    return expr
+
+
+def converter(op: str, convert: Callable[[relax.BlockBuilder, list, dict, list], relax.Expr]) -> type:
+    """A frontend converter class for `op` whose one implementation serves every opset."""
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+    def impl(cls: type, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+        return convert(bb, inputs, attr, params)
+
+    return type(op, (OnnxOpConverter,), {"_impl_v1": classmethod(impl)})
+
+
+@contextmanager
+def registered(converters: dict[str, type]) -> Iterator[None]:
+    """TVM's ONNX frontend with `converters` added (the stock map restored on exit)."""
+    from tvm.relax.frontend.onnx import onnx_frontend as fe
+
+    stock = fe._get_convert_map
+    fe._get_convert_map = lambda: {**stock(), **converters}
+    try:
+        yield
+    finally:
+        fe._get_convert_map = stock

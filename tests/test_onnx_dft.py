@@ -1,0 +1,132 @@
+"""ONNX DFT imports as one matmul by a constant matrix and matches onnxruntime (autofuse.onnx_dft)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from autofuse import apply
+from autofuse import build
+from autofuse.importer import ModelError
+from autofuse.importer import random_inputs
+from autofuse.importer import run_onnxruntime
+from autofuse.importer import unsupported_ops
+from autofuse.onnx_dft import dft_matrix
+from autofuse.workload import prepare
+
+
+def dft_model(
+    shape: tuple[int, ...],
+    axis: int | None = None,
+    length: int | None = None,
+    opset: int = 20,
+    twice: bool = False,
+    axis_as_graph_input: bool = False,
+    **attrs: int,
+) -> onnx.ModelProto:
+    """One DFT node (two chained, the second along axis 1, with `twice`: a 2-D transform as
+    FNet's), then the real part, as torch exports `fftn(x).real`."""
+    inits, inputs = [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
+    names = ["x", ""]
+    if length is not None:
+        inits.append(numpy_helper.from_array(np.array(length, np.int64), "len"))
+        names[1] = "len"
+    if opset >= 20 and (axis is not None or axis_as_graph_input):
+        if axis_as_graph_input:
+            inputs.append(helper.make_tensor_value_info("axis", TensorProto.INT64, []))
+        else:
+            inits.append(numpy_helper.from_array(np.array(axis, np.int64), "axis"))
+        names.append("axis")
+    elif axis is not None:
+        attrs = dict(attrs, axis=axis)
+    while names[-1] == "":
+        names.pop()
+    nodes = [helper.make_node("DFT", names, ["y"], name="the_dft", **attrs)]
+    last = "y"
+    if twice:
+        inits.append(numpy_helper.from_array(np.array(1, np.int64), "axis1"))
+        second = ["y", "", "axis1"] if opset >= 20 else ["y"]
+        nodes.append(helper.make_node("DFT", second, ["y2"], **({} if opset >= 20 else {"axis": 1})))
+        last = "y2"
+    inits.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+    nodes.append(helper.make_node("Gather", [last, "zero"], ["re"], axis=len(shape) - 1))
+    outputs = [helper.make_tensor_value_info("re", TensorProto.FLOAT, [None] * (len(shape) - 1)),
+               helper.make_tensor_value_info(last, TensorProto.FLOAT, [None] * len(shape))]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return model
+
+
+CASES = [
+    dict(shape=(2, 8, 6, 1)),  # opset 20's default axis -2: the last signal axis
+    dict(shape=(2, 8, 6, 2), axis=1, inverse=1),
+    dict(shape=(2, 8, 7, 1), axis=-2, onesided=1),
+    dict(shape=(2, 8, 6, 1), axis=1, length=11),  # zero padded
+    dict(shape=(2, 8, 6, 2), axis=1, length=5),  # truncated
+    dict(shape=(3, 5, 1), opset=17),  # opset 17's default axis 1, an attribute
+    dict(shape=(2, 4, 6, 1), axis=2, opset=17, twice=True),
+    dict(shape=(1, 16, 32, 1), axis=2, twice=True),  # FNet: fftn over tokens and hidden, real part
+]
+
+
+def case_id(case: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in case.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_dft_matches_onnxruntime(case, tmp_path):
+    model = dft_model(**case)
+    path = tmp_path / "dft.onnx"
+    onnx.save(model, path)
+    w = prepare(path, [], simplify=False)
+    target = build.make_target("llvm")
+    ex = build.build(apply.apply_plan(w.mod, w.graph, w.unfused()), target)
+    feeds = random_inputs(w.inputs)
+    got = build.run(ex, build.device_for(target), feeds)
+    want = run_onnxruntime(model, w.inputs, feeds)
+    assert [g.shape for g in got] == [x.shape for x in want]
+    for g, x in zip(got, want):
+        np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-4 * np.abs(x).max())
+
+
+def test_dft_is_one_matmul_per_node(tmp_path):
+    path = tmp_path / "dft.onnx"
+    onnx.save(dft_model((1, 16, 32, 1), axis=2, twice=True), path)
+    ops = [n.op for n in prepare(path, [], simplify=False).graph.nodes]
+    assert sum(op.startswith("matmul") for op in ops) == 2
+    assert unsupported_ops(dft_model((2, 8, 6, 1))) == []
+
+
+def test_dft_matrix_is_the_transform():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(7) + 1j * rng.standard_normal(7)
+    pairs = np.stack([x.real, x.imag], -1).reshape(-1)
+    for inverse, want in ((False, np.fft.fft(x)), (True, np.fft.ifft(x))):
+        got = (pairs @ dft_matrix(7, 7, onesided=False, inverse=inverse, complex_input=True)).reshape(-1, 2)
+        np.testing.assert_allclose(got[:, 0] + 1j * got[:, 1], want, atol=1e-12)
+    got = (x.real @ dft_matrix(7, 7, onesided=True, inverse=False, complex_input=False)).reshape(-1, 2)
+    np.testing.assert_allclose(got[:, 0] + 1j * got[:, 1], np.fft.rfft(x.real), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "case, problem",
+    [
+        (dict(shape=(2, 8, 6, 1), axis=1, inverse=1, onesided=1), "onesided output is supported for a forward"),
+        (dict(shape=(2, 8, 6, 1), axis_as_graph_input=True), "axis is not a constant"),
+        (dict(shape=(2, 8, 6, 3), axis=1), r"input shape \[2, 8, 6, 3\] has no last axis of 1"),
+        (dict(shape=(1, 20000, 1), axis=1), "needs a 20000x40000 matrix, over 256 MiB"),
+    ],
+)
+def test_unsupported_dfts_are_named(case, problem, tmp_path):
+    path = tmp_path / "bad.onnx"
+    onnx.save(dft_model(**case), path)
+    with pytest.raises(ModelError, match=problem) as info:
+        prepare(path, [], simplify=False)
+    assert "\n" not in str(info.value) and "the_dft" in str(info.value)
