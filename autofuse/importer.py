@@ -21,6 +21,7 @@ import onnx
 import tvm
 from tvm import relax
 
+from autofuse import onnx_attention
 from autofuse import onnx_converters
 from autofuse import onnx_dft
 from autofuse import onnx_qlinear
@@ -185,7 +186,7 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
 
 
 # operators TVM's frontend lacks, converted by autofuse
-_CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS}
+_CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS}
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:

@@ -39,14 +39,15 @@ def optional_input(inputs: list, i: int, params: list) -> relax.Expr | None:
     return expr
 
 
-def converter(op: str, convert: Callable[[relax.BlockBuilder, list, dict, list], relax.Expr]) -> type:
-    """A frontend converter class for `op` whose one implementation serves every opset."""
+def converter(op: str, versions: dict[int, Callable[[relax.BlockBuilder, list, dict, list], relax.Expr]]) -> type:
+    """A frontend converter class for `op`: `versions` maps the opset each implementation
+    starts at to it (the frontend takes the latest one at or below the model's opset)."""
     from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-    def impl(cls: type, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-        return convert(bb, inputs, attr, params)
+    def impl(convert: Callable) -> classmethod:
+        return classmethod(lambda cls, bb, inputs, attr, params: convert(bb, inputs, attr, params))
 
-    return type(op, (OnnxOpConverter,), {"_impl_v1": classmethod(impl)})
+    return type(op, (OnnxOpConverter,), {f"_impl_v{v}": impl(c) for v, c in versions.items()})
 
 
 @contextmanager

@@ -12,9 +12,12 @@ an FFT's O(N log N), which pays at the lengths models transform along a hidden o
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm import relax
 
+from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
@@ -93,17 +96,8 @@ def _convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, def
     return bb.emit(relax.op.permute_dims(y, [int(p) for p in np.argsort(perm)]))
 
 
-def _dft_converter() -> type:
-    """Opset 17 gives the axis as an attribute (default 1), opset 20 as an input (default -2)."""
-    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
-
-    def v17(cls: type, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-        return _convert(bb, inputs, attr, params, default_axis=1)
-
-    def v20(cls: type, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-        return _convert(bb, inputs, attr, params, default_axis=-2)
-
-    return type("DFT", (OnnxOpConverter,), {"_impl_v17": classmethod(v17), "_impl_v20": classmethod(v20)})
-
-
-CONVERTERS: dict[str, type] = {"DFT": _dft_converter()}
+# opset 17 gives the axis as an attribute (default 1), opset 20 as an input (default -2)
+CONVERTERS: dict[str, type] = {
+    "DFT": converter("DFT", {17: functools.partial(_convert, default_axis=1),
+                             20: functools.partial(_convert, default_axis=-2)}),
+}

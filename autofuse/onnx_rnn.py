@@ -10,6 +10,7 @@ stays per step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -313,6 +314,5 @@ def _convert(
 
 
 CONVERTERS: dict[str, type] = {
-    cell.op: converter(cell.op, lambda bb, inputs, attr, params, cell=cell: _convert(cell, bb, inputs, attr, params))
-    for cell in (_LSTM, _GRU, _RNN)
+    cell.op: converter(cell.op, {1: functools.partial(_convert, cell)}) for cell in (_LSTM, _GRU, _RNN)
 }

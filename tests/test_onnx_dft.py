@@ -10,11 +10,9 @@ import pytest
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
+from onnx_import import import_and_run
 
-from autofuse import apply
-from autofuse import build
 from autofuse.importer import ModelError
-from autofuse.importer import random_inputs
 from autofuse.importer import run_onnxruntime
 from autofuse.importer import unsupported_ops
 from autofuse.onnx_dft import dft_matrix
@@ -83,13 +81,7 @@ def case_id(case: dict) -> str:
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_dft_matches_onnxruntime(case, tmp_path):
     model = dft_model(**case)
-    path = tmp_path / "dft.onnx"
-    onnx.save(model, path)
-    w = prepare(path, [], simplify=False)
-    target = build.make_target("llvm")
-    ex = build.build(apply.apply_plan(w.mod, w.graph, w.unfused()), target)
-    feeds = random_inputs(w.inputs)
-    got = build.run(ex, build.device_for(target), feeds)
+    w, feeds, got = import_and_run(model, tmp_path)
     want = run_onnxruntime(model, w.inputs, feeds)
     assert [g.shape for g in got] == [x.shape for x in want]
     for g, x in zip(got, want):

@@ -10,11 +10,9 @@ import pytest
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
+from onnx_import import import_and_run
 
-from autofuse import apply
-from autofuse import build
 from autofuse.importer import ModelError
-from autofuse.importer import random_inputs
 from autofuse.importer import run_onnxruntime
 from autofuse.importer import unsupported_ops
 from autofuse.workload import prepare
@@ -98,13 +96,7 @@ def check_against_onnxruntime(op: str, case: dict, tmp_path: Path) -> None:
     onnxruntime runs time-major nodes only, so a layout=1 node is checked against the same
     node (same weights) with layout 0, on transposed inputs and outputs."""
     model = rnn_model(op, **case)
-    path = tmp_path / "rnn.onnx"
-    onnx.save(model, path)
-    w = prepare(path, [])
-    target = build.make_target("llvm")
-    ex = build.build(apply.apply_plan(w.mod, w.graph, w.unfused()), target)
-    feeds = random_inputs(w.inputs)
-    got = build.run(ex, build.device_for(target), feeds)
+    w, feeds, got = import_and_run(model, tmp_path)
     if case.get("layout"):
         time_major = rnn_model(op, **dict(case, layout=0))
         want = run_onnxruntime(time_major, w.inputs, [np.swapaxes(f, 0, 1) for f in feeds])

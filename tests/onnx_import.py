@@ -1,0 +1,29 @@
+"""Import a one-node ONNX test model the way autofuse does and run it: the shared half of the
+converter tests (test_onnx_rnn, test_onnx_dft, test_onnx_attention), which then compare the
+outputs with onnxruntime's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from autofuse import apply
+from autofuse import build
+from autofuse.importer import random_inputs
+from autofuse.workload import Workload
+from autofuse.workload import prepare
+
+
+def import_and_run(model: onnx.ModelProto, tmp_path: Path, plan: str = "unfused") -> tuple[Workload, list, list]:
+    """(workload, random feeds, TVM's outputs) of `model` built with the `plan` ("unfused" or
+    "tvm_default") on the CPU, unsimplified."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    w = prepare(path, [], simplify=False)
+    target = build.make_target("llvm")
+    ex = build.build(apply.apply_plan(w.mod, w.graph, getattr(w, plan)()), target)
+    feeds = random_inputs(w.inputs)
+    got: list[np.ndarray] = build.run(ex, build.device_for(target), feeds)
+    return w, feeds, got
