@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
@@ -111,12 +112,12 @@ def _bias(
         elif str(mask.ty.dtype) != dtype:
             mask = bb.emit(relax.op.astype(mask, dtype))
         if shape[-1] < total:
-            pad = relax.const(np.full([*shape[:-1], total - shape[-1]], -np.inf, dtype))
+            pad = array_const(np.full([*shape[:-1], total - shape[-1]], -np.inf, dtype))
             mask = bb.emit(relax.op.concat([mask, pad], axis=-1))
         bias = mask
     if causal:
         allowed = np.arange(total)[None, :] <= np.arange(q_len)[:, None] + past
-        tri = relax.const(np.where(allowed, 0.0, -np.inf).astype(dtype))
+        tri = array_const(np.where(allowed, 0.0, -np.inf).astype(dtype))
         bias = tri if bias is None else bb.emit(relax.op.add(bias, tri))
     return bias
 

@@ -13,8 +13,14 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import tvm
 from tvm import relax
+
+
+def array_const(value: np.ndarray) -> relax.Constant:
+    """A constant of the array's own dtype (relax.const makes a float64 array float32)."""
+    return relax.const(value, str(value.dtype))
 
 
 def is_const(expr: relax.Expr | None) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
+from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
@@ -142,25 +143,25 @@ class _Emitter:
         """t[d] (t[d:d+1] with keep_dim) of a [num_directions, ...] tensor."""
         if is_const(t):
             v = t.value.numpy()
-            return relax.const(v[d : d + 1] if keep_dim else v[d])
+            return array_const(v[d : d + 1] if keep_dim else v[d])
         part = self(relax.op.strided_slice(t, axes=[0], begin=[d], end=[d + 1]))
         return part if keep_dim else self(relax.op.squeeze(part, axis=[0]))
 
     def rows(self, t: relax.Expr, begin: int, end: int) -> relax.Expr:
         """t[begin:end] along the first axis (gate blocks of a weight, bias or peephole)."""
         if is_const(t):
-            return relax.const(t.value.numpy()[begin:end])
+            return array_const(t.value.numpy()[begin:end])
         return self(relax.op.strided_slice(t, axes=[0], begin=[begin], end=[end]))
 
     def time_major(self, t: relax.Expr) -> relax.Expr:
         """A layout=1 tensor ([batch, seq or num_directions, n]) with its first axes swapped."""
         if is_const(t):
-            return relax.const(np.ascontiguousarray(np.swapaxes(t.value.numpy(), 0, 1)))
+            return array_const(np.ascontiguousarray(np.swapaxes(t.value.numpy(), 0, 1)))
         return self(relax.op.permute_dims(t, [1, 0, 2]))
 
     def transposed(self, t: relax.Expr) -> relax.Expr:
         if is_const(t):
-            return relax.const(np.ascontiguousarray(t.value.numpy().T))
+            return array_const(np.ascontiguousarray(t.value.numpy().T))
         return self(relax.op.permute_dims(t))
 
     def add(self, a: relax.Expr | None, b: relax.Expr | None) -> relax.Expr | None:
@@ -168,12 +169,12 @@ class _Emitter:
         if a is None or b is None:
             return a if b is None else b
         if is_const(a) and is_const(b):
-            return relax.const(a.value.numpy() + b.value.numpy())
+            return array_const(a.value.numpy() + b.value.numpy())
         return self(relax.op.add(a, b))
 
     def concat(self, parts: list[relax.Expr]) -> relax.Expr:
         if all(is_const(t) for t in parts):
-            return relax.const(np.concatenate([t.value.numpy() for t in parts]))
+            return array_const(np.concatenate([t.value.numpy() for t in parts]))
         return self(relax.op.concat(parts, axis=0))
 
     def mul(self, a: relax.Expr, b: relax.Expr) -> relax.Expr:
@@ -279,7 +280,7 @@ def _convert(
             wb, rb = e.rows(bd, 0, gates * hsz), e.rows(bd, gates * hsz, 2 * gates * hsz)
             if cell is _GRU and node.linear_before_reset:
                 rbh = e.rows(rb, 2 * hsz, 3 * hsz)
-                zeros = relax.const(np.zeros(hsz, str(x.ty.dtype)))
+                zeros = array_const(np.zeros(hsz, str(x.ty.dtype)))
                 rb = e.concat([e.rows(rb, 0, 2 * hsz), zeros])
             bias = e.add(wb, rb)
         # Xt*W^T + biases for all steps in one matmul: [seq, batch, gates*hidden]

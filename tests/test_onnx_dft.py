@@ -122,3 +122,60 @@ def test_unsupported_dfts_are_named(case, problem, tmp_path):
     with pytest.raises(ModelError, match=problem) as info:
         prepare(path, [], simplify=False)
     assert "\n" not in str(info.value) and "the_dft" in str(info.value)
+
+
+def stft_model(signal: tuple[int, int, int], step: int, length: int | None, window: str | None,
+               onesided: int = 1) -> onnx.ModelProto:
+    """An STFT of `signal`'s shape; `window`: "hann" (a HannWindow node of `length`), "input"
+    (a graph input) or None."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(signal))]
+    inits = [numpy_helper.from_array(np.array(step, np.int64), "step")]
+    nodes, names = [], ["x", "step", "", ""]
+    if window == "hann":
+        inits.append(numpy_helper.from_array(np.array(length, np.int64), "size"))
+        nodes.append(helper.make_node("HannWindow", ["size"], ["window"]))
+        names[2] = "window"
+    elif window == "input":
+        inputs.append(helper.make_tensor_value_info("window", TensorProto.FLOAT, [length]))
+        names[2] = "window"
+    if length is not None and window != "hann":
+        inits.append(numpy_helper.from_array(np.array(length, np.int64), "length"))
+        names[3] = "length"
+    while names[-1] == "":
+        names.pop()
+    nodes.append(helper.make_node("STFT", names, ["y"], name="the_stft", onesided=onesided))
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)]
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, out, inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(signal=(2, 100, 1), step=10, length=16, window="hann"),
+        dict(signal=(1, 64, 2), step=7, length=12, window=None, onesided=0),  # a complex signal
+        dict(signal=(2, 50, 1), step=4, length=9, window="input"),  # a window computed at run time
+    ],
+    ids=case_id,
+)
+def test_stft_matches_onnxruntime(case, tmp_path):
+    model = stft_model(**case)
+    w, feeds, got = import_and_run(model, tmp_path)
+    want = run_onnxruntime(model, w.inputs, feeds)
+    assert got[0].shape == want[0].shape
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+
+
+@pytest.mark.parametrize("kind", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_windows_match_onnxruntime(kind, periodic, tmp_path):
+    size = numpy_helper.from_array(np.array(10, np.int64), "size")
+    node = helper.make_node(kind, ["size"], ["w"], periodic=periodic, output_datatype=TensorProto.DOUBLE)
+    # the window times an input, so that the model has one to feed; onnxruntime computes the
+    # coefficients in float32 (Hamming 2.4e-7 from the double-precision ones)
+    nodes = [node, helper.make_node("Mul", ["w", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [10])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [10])], [size])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    w, feeds, got = import_and_run(model, tmp_path)
+    np.testing.assert_allclose(got[0], run_onnxruntime(model, w.inputs, feeds)[0], rtol=1e-6, atol=1e-7)
