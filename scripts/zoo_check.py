@@ -134,8 +134,9 @@ def check_one(path: str) -> dict[str, Any]:
     from autofuse.importer import random_inputs
     from autofuse.importer import run_onnxruntime
     from autofuse.measure import IsolatedMeasurer
-    from autofuse.worker import compare
     from autofuse.space import SearchSpace
+    from autofuse.worker import compare
+    from autofuse.worker import compute_dtype
     from autofuse.workload import prepare
 
     t0 = time.perf_counter()
@@ -163,7 +164,8 @@ def check_one(path: str) -> dict[str, Any]:
         ort = sorted(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=10))
         out["onnxruntime_s"] = ort[len(ort) // 2]
         # the plans were checked against the unfused model; that one against onnxruntime
-        same, diff = compare(unfused, run_onnxruntime(w.loaded.onnx_model, w.inputs, inputs))
+        same, diff = compare(unfused, run_onnxruntime(w.loaded.onnx_model, w.inputs, inputs),
+                             compute_dtype(n.dtype for n in w.graph.nodes))
         out["onnxruntime_match"], out["onnxruntime_max_diff"] = same, diff
     out["wall_s"] = time.perf_counter() - t0
     return out

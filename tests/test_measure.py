@@ -137,6 +137,42 @@ def test_small_outputs_are_compared_at_their_outputs_scale():
     assert not worker.compare([want + np.array([0, 0, 0, 0.01, 0], dtype="float32")], [want])[0]
 
 
+def test_a_float16_model_with_float32_outputs_is_compared_at_float16s_tolerance(tmp_path):
+    # onnxconverter's keep_io_types: float32 in and out, float16 inside. Two schedules of the
+    # same plan differ by float16 rounding (3.9e-3 on BERT), which float32's tolerance rejected
+    # for every plan, the unfused one included
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
+
+    from autofuse.workload import prepare
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), name)
+               for name, shape in (("w1", (512, 512)), ("w2", (512, 512)), ("gamma", (512,)), ("beta", (512,)))]
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["h", "w1"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "gamma", "beta"], ["n"]),
+             helper.make_node("MatMul", ["n", "w2"], ["b"]),
+             helper.make_node("Softmax", ["b"], ["p"]),
+             helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 512])], weights)
+    path = tmp_path / "half.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    w = prepare(path, [], simplify=False)
+    assert worker.compute_dtype(n.dtype for n in w.graph.nodes) == "float16"
+    with IsolatedMeasurer(w, config=FAST) as m:
+        results = m.measure_together([w.unfused(), w.tvm_default()])
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    # the rule itself: float16's tolerance for a float32 output of a float16 computation
+    want = np.linspace(-1, 1, 8, dtype="float32")
+    assert worker.compare([want + 3.9e-3], [want], "float16")[0]
+    assert not worker.compare([want + 3.9e-3], [want], "float32")[0]
+    assert not worker.compare([want + 0.1], [want], "float16")[0]
+
+
 def test_cuda_build_only(transformer):
     with IsolatedMeasurer(transformer, target="cuda", build_only=True, config=FAST) as m:
         r = m.measure(transformer.tvm_default())
