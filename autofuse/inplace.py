@@ -32,6 +32,7 @@ from tvm import s_tir
 from tvm import tirx
 
 from autofuse.schedule import _is_one
+from autofuse.schedule import new_schedule
 from autofuse.tvm_bridge import call_tir_op
 from autofuse.tvm_bridge import is_kernel_call
 
@@ -138,7 +139,7 @@ def _inplace_args(prim: object) -> list[int]:
     if not isinstance(prim, tirx.PrimFunc) or not prim.params:
         return []
     try:
-        sch = s_tir.Schedule(prim)
+        sch = new_schedule(prim)
         blocks = [sch.get(b) for b in _all_blocks(sch)]
     except Exception:  # noqa: BLE001 - a kernel TIR cannot analyse runs out of place
         return []

@@ -754,7 +754,7 @@ def _stream_tiles(
     sch.reorder(*order, *r_loops[:-1], ro, rows_loop, rm, ri, *tile)
     # a loop of extent 1 is not a safe mark: later primitives may drop it
     marked, depth = (rm, 2) if spread > 1 else (rows_loop, 1)
-    sch.annotate(marked, PREFETCH_ATTR, f"{panel.name}:{-(-lines // (n_rows * spread))}:{depth}")
+    sch.annotate(marked, PREFETCH_ATTR, f"{panel.name}:{-(-lines // (n_rows * spread))}:{depth}:{lines}")
     return order, [*r_loops[:-1], ri], (r_loops[:-1] or [ro])[0]
 
 
@@ -790,7 +790,7 @@ def _row_groups(sch: s_tir.Schedule, columns: s_tir.schedule.LoopRV, rows: list)
 
 
 def _insert_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Software prefetches where `_gemm_tiles` marked a loop (PREFETCH_ATTR = "buffer:n:depth"): at
+    """Software prefetches where `_gemm_tiles` marked a loop (PREFETCH_ATTR = "buffer:n:depth:lines"): at
     every iteration of the marked loop (inside the row-tile loop, inside the chunk loop), n cache
     lines of the weight panel's next chunk, so that the row tiles of a chunk between them fetch
     all of the next one. TIR's schedule has no prefetch primitive (TE's went with it); this
@@ -824,8 +824,10 @@ def _insert_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def _prefetched(loop: tirx.For, outer: list, note: str) -> tirx.Stmt:
     """The body of the marked loop `loop` with the prefetch loop before it; the chunk loop is
-    `depth` loops up, and the loops from below it down to `loop` number the bursts."""
-    name, per, depth = note.rsplit(":", 2)
+    `depth` loops up, and the loops from below it down to `loop` number the bursts. The last
+    bursts stop at the chunk's `lines` (bursts of a rounded-up size would otherwise reach into
+    the chunk after next: an AVX2 tile of 28 rows, 24 lines past it)."""
+    name, per, depth, lines = note.rsplit(":", 3)
     chunk, bursts = outer[-int(depth)], [*outer[len(outer) - int(depth) + 1:], loop]
     found = next(((r, t) for r in _nested(loop.body) if isinstance(r, s_tir.SBlockRealize)
                   for t in r.block.reads if t.source.name == name), None)
@@ -849,6 +851,7 @@ def _prefetched(loop: tirx.For, outer: list, note: str) -> tirx.Stmt:
     address = tirx.address_of(tirx.BufferLoad(region.source, index))
     fetch = tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, tirx.const(0, "int32"),
                                                 tirx.const(3, "int32"), tirx.const(1, "int32")))
+    fetch = tirx.IfThenElse(line < tirx.const(int(lines), dtype), fetch, None)
     return tirx.SeqStmt([tirx.For(q, zero, tirx.const(int(per), dtype), tirx.ForKind.SERIAL, fetch), loop.body])
 
 
@@ -1145,11 +1148,19 @@ def schedule_candidates(
             yield _note_packing(func, scheduled)
 
 
+def new_schedule(func: tirx.PrimFunc) -> s_tir.Schedule:
+    """A schedule whose refused primitives fail cheaply. The rules try primitives and take a
+    refusal as an answer (inline this block? parallelise this loop?); TVM's default error
+    rendering prints the whole function into each refusal's message, and trying to inline each
+    block of a 256-op group (RWKV's unrolled recurrence, fused whole) took 381 s, 1.6 s without."""
+    return s_tir.Schedule(func, error_render_level="none")
+
+
 def _parallel_outer(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     # kernels the block analysis cannot normalise (several reductions over different axes, as in
     # layer-norm or softmax): run each top-level loop nest's outer loop in parallel, where TIR
     # proves it legal
-    sch = s_tir.Schedule(func)
+    sch = new_schedule(func)
     changed = False
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         loops = sch.get_loops(block)
@@ -1170,7 +1181,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline
 
-    sch = s_tir.Schedule(func)
+    sch = new_schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None:
         return None
@@ -1308,7 +1319,7 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     None when the kernel is not of that form (no row reduction: plain GEMMs and convolutions get
     register tiles; several outputs, a reduction over an outer axis, or a row that would
     recompute work)."""
-    sch = s_tir.Schedule(func)
+    sch = new_schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
     products = [b for b in blocks if _reuses_inputs(sch, b)]
