@@ -7,9 +7,11 @@ Kernels are scheduled first (`schedule`), then lowered to the Relax VM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -155,7 +157,8 @@ class DLightWithFallback:
                 continue
             for rule in rules:
                 try:
-                    one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
+                    with _refusals_unrendered():
+                        one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
                 except Exception:  # the rule cannot schedule this kernel: try the next one
                     continue
                 scheduled = one[gv.name_hint]
@@ -165,6 +168,22 @@ class DLightWithFallback:
             else:
                 raise ValueError(f"no DLight rule schedules kernel {gv.name_hint} for the GPU")
         return out
+
+
+@contextlib.contextmanager
+def _refusals_unrendered() -> Iterator[None]:
+    """Schedules created meanwhile (DLight's rules make their own) do not print the kernel into
+    each refused primitive's error, as `schedule.new_schedule`'s do not: a rule tries
+    primitives and takes refusals as answers, and on a 256-operator kernel DLight's Fallback
+    took 400 s rendering them."""
+    from tvm.s_tir.schedule import schedule as module
+
+    parse = module._parse_error_render_level
+    module._parse_error_render_level = lambda _level: parse("none")
+    try:
+        yield
+    finally:
+        module._parse_error_render_level = parse
 
 
 def _lowers(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc, lower: Callable[[tvm.IRModule], object]) -> bool:

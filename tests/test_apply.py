@@ -131,6 +131,32 @@ def test_dlight_schedule_that_fails_to_lower_gives_way_to_the_next_rule():
     assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
 
 
+def test_dlight_rules_refuse_without_printing_the_kernel(transformer, monkeypatch):
+    # DLight's rules try primitives and take refusals as answers; each refusal printed the
+    # kernel into its message (Fallback on a 256-operator kernel: 400 s of it). Only while
+    # DLight runs: a schedule made afterwards renders its errors as TVM's default does
+    from tvm import s_tir
+
+    refusals = []
+    inline = s_tir.Schedule.compute_inline
+
+    def recording(self, block):
+        try:
+            return inline(self, block)
+        except s_tir.ScheduleError as err:
+            refusals.append(str(err))
+            raise
+
+    monkeypatch.setattr(s_tir.Schedule, "compute_inline", recording)
+    fused = apply.apply_plan(transformer.mod, transformer.graph, transformer.tvm_default())
+    build.schedule(fused, build.make_target("cuda"), "dlight")
+    assert refusals and not any("prim_func" in r for r in refusals)
+    kernel = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    sch = s_tir.Schedule(kernel)
+    with pytest.raises(s_tir.ScheduleError, match="prim_func"):
+        sch.compute_inline(sch.get_sblock("root"))
+
+
 def _random_plan(space, data):
     return space.decode({d.id: data.draw(st.booleans()) for d in space.decisions})
 
