@@ -34,6 +34,10 @@ from autofuse.plan import IllegalPlanError
 from autofuse.plan import validate
 from autofuse.workload import Workload
 
+# how long a fresh worker may take to import TVM and rebuild the workload before it counts as
+# failed to start: 120 s was passed on a loaded 2-core CI machine (another install running)
+WORKER_START_S = 300.0
+
 @dataclass(frozen=True)
 class Measurement:
     """Outcome of measuring one plan: latency samples, or the failure and its class."""
@@ -281,7 +285,7 @@ class IsolatedMeasurer:
         theirs.close()
         parent = Connection(ours.detach())
         try:
-            ready = parent.poll(120) and parent.recv()[0] == "ready"
+            ready = parent.poll(WORKER_START_S) and parent.recv()[0] == "ready"
         except (EOFError, OSError):
             ready = False
         if not ready:
