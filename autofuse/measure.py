@@ -38,6 +38,7 @@ from autofuse.workload import Workload
 # failed to start: 120 s was passed on a loaded 2-core CI machine (another install running)
 WORKER_START_S = 300.0
 
+
 @dataclass(frozen=True)
 class Measurement:
     """Outcome of measuring one plan: latency samples, or the failure and its class."""
