@@ -178,7 +178,10 @@ def _refusals_unrendered() -> Iterator[None]:
     took 400 s rendering them."""
     from tvm.s_tir.schedule import schedule as module
 
-    parse = module._parse_error_render_level
+    parse = getattr(module, "_parse_error_render_level", None)
+    if parse is None:  # a TVM that renamed it: rules run as they are, slower to refuse
+        yield
+        return
     module._parse_error_render_level = lambda _level: parse("none")
     try:
         yield
