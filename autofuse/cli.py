@@ -46,7 +46,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _workload(model: str | None, inputs: list[str] | None, log_dir: Path) -> Any:
+def _workload(model: str | None, inputs: list[str] | None, log_dir: Path, target: str) -> Any:
     from autofuse import models
     from autofuse.workload import prepare
 
@@ -55,7 +55,7 @@ def _workload(model: str | None, inputs: list[str] | None, log_dir: Path) -> Any
     if not path.exists() and name in models.BUILTIN:
         path = models.write_builtin(name, log_dir / "models")
     specs = [InputSpec.parse(s) for s in inputs or []]
-    return prepare(path, specs)
+    return prepare(path, specs, target=target)
 
 
 def _check_target(target: str) -> None:
@@ -133,7 +133,7 @@ def tune(
     _run(lambda: _check_target(target))
     space_name, limits = _run(lambda: load_limits(space))
     resource_limits = _run(lambda: load_resource_limits(space))
-    w = _run(lambda: _workload(model, input, log_dir))
+    w = _run(lambda: _workload(model, input, log_dir, target))
     log = TuningLog(log_dir)
     _run(log.records)  # a corrupt log is reported before any work
     for warning in log.warnings:
@@ -250,7 +250,7 @@ def apply_cmd(
     from autofuse import deploy
 
     _run(lambda: _check_target(target))
-    w = _run(lambda: _workload(model, input, log_dir))
+    w = _run(lambda: _workload(model, input, log_dir, target))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         chosen = _run(lambda: deploy.export_library(w, target, log_dir, output, strict))
@@ -333,7 +333,7 @@ def bench(
     _run(lambda: _check_target(target))
     if target.startswith("cuda"):
         _fail("bench runs on this machine's CPU; for CUDA use scripts/gpu_check.sh on a GPU host")
-    w = _run(lambda: _workload(model, input, log_dir))
+    w = _run(lambda: _workload(model, input, log_dir, target))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         chosen = _run(lambda: deploy.choose_plan(w.key, w.graph, w.tvm_default(), log_dir, target, False, w.name))
@@ -419,7 +419,7 @@ def export_batch_cmd(
     _run(lambda: _check_target(target))
     _, limits = _run(lambda: load_limits(space))
     resource_limits = _run(lambda: load_resource_limits(space))
-    w = _run(lambda: _workload(model, input, log_dir))
+    w = _run(lambda: _workload(model, input, log_dir, target))
     log = TuningLog(log_dir)
     _run(log.records)
     sched = _run(lambda: _scheduler(target, scheduler))

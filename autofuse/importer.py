@@ -22,8 +22,10 @@ import tvm
 from tvm import relax
 
 from autofuse import onnx_attention
+from autofuse import onnx_composites
 from autofuse import onnx_converters
 from autofuse import onnx_dft
+from autofuse import onnx_float16
 from autofuse import onnx_qlinear
 from autofuse import onnx_rnn
 
@@ -70,6 +72,9 @@ class LoadedModel:
     source: str
     onnx_model: onnx.ModelProto | None = None
     notes: list[str] = field(default_factory=list)
+    # the half-precision type the model declares but is imported to compute in float32 (CPU
+    # targets, onnx_float16): reference runs of `onnx_model` carry its rounding
+    upcast_from: str | None = None
 
 
 def random_inputs(specs: Sequence[InputSpec], seed: int = 0) -> list[np.ndarray]:
@@ -90,8 +95,12 @@ def load_model(
     source: str | Path | tvm.IRModule,
     inputs: Sequence[InputSpec] = (),
     simplify: bool = True,
+    upcast_half: bool = False,
 ) -> LoadedModel:
-    """Import `source`; `inputs` fix (or override) input shapes and dtypes by name."""
+    """Import `source`; `inputs` fix (or override) input shapes and dtypes by name.
+
+    `upcast_half`: an ONNX model's float16/bfloat16 arithmetic is imported as float32, its
+    interface kept (onnx_float16; for CPU targets, which have no half-precision arithmetic)."""
     if isinstance(source, tvm.IRModule):
         return LoadedModel(source, module_inputs(source, inputs), "<IRModule>")
     path = Path(source)
@@ -99,7 +108,7 @@ def load_model(
         raise ModelError(f"model file not found: {path}")
     if path.suffix == ".py":
         return _load_tvmscript(path, inputs)
-    return _load_onnx(path, inputs, simplify)
+    return _load_onnx(path, inputs, simplify, upcast_half)
 
 
 def _load_tvmscript(path: Path, inputs: Sequence[InputSpec]) -> LoadedModel:
@@ -186,7 +195,8 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
 
 
 # operators TVM's frontend lacks, converted by autofuse
-_CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS}
+_CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
+               **onnx_composites.CONVERTERS}
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
@@ -203,7 +213,7 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> LoadedModel:
+def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_half: bool) -> LoadedModel:
     try:
         model = onnx.load(str(path))
         if not model.graph.node:
@@ -225,19 +235,24 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool) -> Loaded
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelError(f"unsupported ONNX operator(s): {'; '.join(missing[:5])}{more}")
+    imported, halves = onnx_float16.upcast(model) if upcast_half else (model, set())
+    if halves:
+        notes.append(f"{' and '.join(sorted(halves))} arithmetic computed in float32 (this CPU target has none; "
+                     "inputs and outputs keep their types)")
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
         with _relax_clip(), onnx_converters.registered(_CONVERTERS):
             mod = from_onnx(
-                model,
+                imported,
                 shape_dict={s.name: list(s.shape) for s in specs},
                 dtype_dict={s.name: s.dtype for s in specs},
                 keep_params_in_input=False,
             )
     except Exception as err:
         raise ModelError(f"{path}: TVM's ONNX frontend failed: {_first_line(err)}") from None
-    return LoadedModel(mod, specs, str(path), model, notes)
+    upcast_from = min(halves) if halves else None
+    return LoadedModel(mod, specs, str(path), model, notes, upcast_from)
 
 
 @contextmanager

@@ -243,6 +243,10 @@ class _LayoutRewriter(relax.PyExprMutator):
             return self._quantize(call)
         if name == "relax.nn.conv2d_transpose":
             return self._upsampling_matmul(call)
+        if name == "relax.astype" and dtype == str(call.attrs.dtype):
+            # a cast to the type it has: a copy kernel (a float16 model's casts, computed in
+            # float32 on the CPU by onnx_float16, become these)
+            return x
         return call
 
     def _upsampling_matmul(self, call: relax.Call) -> relax.Expr:
@@ -310,6 +314,7 @@ class LayoutFriendlyOps:
     compute, which it carries channels-last: clip (ONNX HardSigmoid, HardSwish), leaky ReLU,
     quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear);
     and transposed convolutions with stride = kernel, as a matmul (see _upsampling_matmul).
+    Casts to the type their input has are dropped.
     Left as they are, each gets a transpose on either side between two convolutions (int8
     ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
 

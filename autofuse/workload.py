@@ -59,9 +59,16 @@ def prepare(
     inputs: Sequence[InputSpec] = (),
     name: str | None = None,
     simplify: bool = True,
+    target: str = "llvm",
 ) -> Workload:
-    """Import, normalise and analyse a model: everything tuning needs, computed once."""
-    loaded = load_model(source, inputs, simplify=simplify)
+    """Import, normalise and analyse a model for `target`: everything tuning needs, computed once.
+
+    On CPU targets an ONNX model's float16 arithmetic is imported as float32 (onnx_float16), so
+    one float16 model makes different workloads (keys) for the CPU and for CUDA."""
+    from autofuse.build import make_target
+
+    upcast = make_target(target).kind.name != "cuda"
+    loaded = load_model(source, inputs, simplify=simplify, upcast_half=upcast)
     mod = tvm_bridge.normalize(loaded.mod)
     left = tvm_bridge.unlowered_ops(mod)
     if left:

@@ -110,7 +110,7 @@ def main() -> int:
     log = TuningLog(args.log_dir) if args.log_dir.exists() else None
     for name in args.models.split(","):
         source = Path(name) if Path(name).exists() else models.write_builtin(name, args.out / "models")
-        w = prepare(source, [])
+        w = prepare(source, [], target=args.target)
         plans = candidate_plans(w, SearchSpace(w.graph, limits), args.plans, args.target, log)
         with IsolatedMeasurer(w, target=args.target, config=MeasureConfig(timeout_s=600), limits=limits,
                               scheduler=scheduler, resource_limits=resources) as m:
