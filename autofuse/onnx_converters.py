@@ -27,6 +27,11 @@ def is_const(expr: relax.Expr | None) -> bool:
     return isinstance(expr, tvm.ir.expr.GenericConst)
 
 
+def const_int(expr: relax.Expr | None) -> int | None:
+    """The integer a constant input holds (an axis, a length), None where it is not a constant."""
+    return int(expr.value.numpy().reshape(-1)[0]) if is_const(expr) else None
+
+
 def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     """The expression's shape, or None where its rank or a dimension is unknown."""
     try:

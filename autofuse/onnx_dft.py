@@ -22,6 +22,7 @@ from tvm import relax
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
@@ -54,9 +55,10 @@ def _error(name: str, problem: str, op: str = "DFT") -> ValueError:
 def _scalar(expr: relax.Expr | None, name: str, what: str, op: str = "DFT") -> int | None:
     if expr is None:
         return None
-    if not is_const(expr):
+    value = const_int(expr)
+    if value is None:
         raise _error(name, f"{what} is not a constant", op)
-    return int(expr.value.numpy().reshape(-1)[0])
+    return value
 
 
 def _checked_size(w: np.ndarray, dtype: str, name: str, length: int, op: str) -> np.ndarray:

@@ -16,14 +16,16 @@ from autofuse.workload import Workload
 from autofuse.workload import prepare
 
 
-def import_and_run(model: onnx.ModelProto, tmp_path: Path, plan: str = "unfused") -> tuple[Workload, list, list]:
-    """(workload, random feeds, TVM's outputs) of `model` built with the `plan` ("unfused" or
-    "tvm_default") on the CPU, unsimplified."""
+def import_and_run(
+    model: onnx.ModelProto, tmp_path: Path, plan: str = "unfused", feeds: list | None = None
+) -> tuple[Workload, list, list]:
+    """(workload, feeds (random unless given), TVM's outputs) of `model` built with the `plan`
+    ("unfused" or "tvm_default") on the CPU, unsimplified."""
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     w = prepare(path, [], simplify=False)
     target = build.make_target("llvm")
     ex = build.build(apply.apply_plan(w.mod, w.graph, getattr(w, plan)()), target)
-    feeds = random_inputs(w.inputs)
+    feeds = random_inputs(w.inputs) if feeds is None else feeds
     got: list[np.ndarray] = build.run(ex, build.device_for(target), feeds)
     return w, feeds, got

@@ -1,0 +1,127 @@
+"""ONNX operators composed from Relax ops (autofuse.onnx_composites) match ONNX's reference
+implementation, and onnxruntime where it has the operator."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx_import import import_and_run
+
+from autofuse.importer import run_onnxruntime
+from autofuse.importer import unsupported_ops
+
+F = TensorProto.FLOAT
+
+
+def one_node(op: str, inputs: dict[str, tuple[int, ...]], out: tuple[int, ...], opset: int,
+             consts: dict[str, np.ndarray] | None = None, **attrs) -> onnx.ModelProto:
+    """`op` on float32 graph inputs (and constant initializers), one float32 output `y`."""
+    consts = consts or {}
+    names = [*inputs, *consts]
+    node = helper.make_node(op, names, ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info(n, F, list(s)) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", F, list(out))],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def check(model: onnx.ModelProto, tmp_path, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """TVM's outputs against onnxruntime's, or ONNX's reference implementation where onnxruntime
+    lacks the operator (at the model's opset)."""
+    assert not unsupported_ops(model)
+    tmp_path.mkdir(exist_ok=True)
+    w, feeds, got = import_and_run(model, tmp_path)
+    try:
+        want = run_onnxruntime(model, w.inputs, feeds)
+    except Exception as err:  # onnxruntime's NOT_IMPLEMENTED or unknown-opset refusal
+        assert "NOT_IMPLEMENTED" in str(err) or "opset" in str(err), err
+        want = ReferenceEvaluator(model).run(None, {s.name: x for s, x in zip(w.inputs, feeds)})
+    np.testing.assert_allclose(got[0], want[0], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.4])
+def test_activations(tmp_path, alpha):
+    check(one_node("Celu", {"x": (4, 33)}, (4, 33), 12, alpha=alpha), tmp_path / "celu")
+    check(one_node("Swish", {"x": (4, 33)}, (4, 33), 24, alpha=alpha), tmp_path / "swish")
+    check(one_node("SwiGLU", {"a": (4, 33), "b": (4, 33)}, (4, 33), 28, alpha=alpha), tmp_path / "swiglu")
+
+
+@pytest.mark.parametrize("p,axis", [(2, -1), (1, 0), (2, 1)])
+def test_lp_normalization(tmp_path, p, axis):
+    check(one_node("LpNormalization", {"x": (3, 5, 7)}, (3, 5, 7), 1, p=p, axis=axis), tmp_path)
+
+
+def test_lp_normalization_of_a_zero_row_is_zero(tmp_path):
+    # row 1 of the input is multiplied by zero: its norm is zero, and so is its output
+    model = one_node("LpNormalization", {"x": (2, 4)}, (2, 4), 22, axis=1)
+    model.graph.node.insert(0, helper.make_node("Mul", ["x", "zero"], ["x0"]))
+    model.graph.node[1].input[0] = "x0"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([[1], [0]], np.float32), "zero"))
+    _, _, got = import_and_run(model, tmp_path)
+    assert np.isfinite(got[0]).all() and not got[0][1].any()
+    np.testing.assert_allclose(got[0][0] @ got[0][0], 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod(tmp_path, exclusive, reverse):
+    axis = {"axis": np.array(1, np.int64)}
+    check(one_node("CumProd", {"x": (3, 6, 2)}, (3, 6, 2), 26, consts=axis, exclusive=exclusive, reverse=reverse),
+          tmp_path)
+
+
+@pytest.mark.parametrize("time_axis,batch_axis", [(0, 1), (1, 0)])
+def test_reverse_sequence(tmp_path, time_axis, batch_axis):
+    shape = [5, 4, 3] if time_axis == 0 else [4, 5, 3]
+    lens = numpy_helper.from_array(np.array([5, 3, 1, 2], np.int64), "lens")
+    model = one_node("ReverseSequence", {"x": tuple(shape)}, tuple(shape), 10, time_axis=time_axis,
+                     batch_axis=batch_axis)
+    model.graph.node[0].input.append("lens")
+    model.graph.initializer.append(lens)
+    check(model, tmp_path)
+
+
+@pytest.mark.parametrize("layout,interleaved,dim,positions", [
+    ("4d", 0, 0, True), ("4d", 1, 0, True), ("3d", 0, 8, True), ("3d", 1, 0, False), ("4d", 0, 4, False)])
+def test_rotary_embedding(tmp_path, layout, interleaved, dim, positions):
+    b, heads, s, head = 2, 3, 5, 16
+    half = (dim or head) // 2
+    rng = np.random.default_rng(0)
+    x_shape = (b, heads, s, head) if layout == "4d" else (b, s, heads * head)
+    if positions:
+        consts = {"cos": rng.standard_normal((9, half)).astype(np.float32),
+                  "sin": rng.standard_normal((9, half)).astype(np.float32),
+                  "pos": rng.integers(0, 9, (b, s)).astype(np.int64)}
+    else:
+        consts = {"cos": rng.standard_normal((b, s, half)).astype(np.float32),
+                  "sin": rng.standard_normal((b, s, half)).astype(np.float32)}
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": dim}
+    if layout == "3d":
+        attrs["num_heads"] = heads
+    check(one_node("RotaryEmbedding", {"x": x_shape}, x_shape, 23, consts=consts, **attrs), tmp_path)
+
+
+@pytest.mark.parametrize("per_channel,auto_pad", [(False, "NOTSET"), (True, "SAME_UPPER")])
+def test_conv_integer(tmp_path, per_channel, auto_pad):
+    """uint8 activations and int8 weights with zero points, as quantize_dynamic writes them."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.integers(-128, 128, (6, 4, 3, 3)).astype(np.int8), "w")
+    x_zp = numpy_helper.from_array(np.array(7, np.uint8), "x_zp")
+    w_zp = numpy_helper.from_array(rng.integers(-3, 3, (6,) if per_channel else ()).astype(np.int8), "w_zp")
+    attrs = {"auto_pad": auto_pad} if auto_pad != "NOTSET" else {"pads": [1, 0, 1, 2]}
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zp", "w_zp"], ["y"], strides=[2, 1], **attrs)
+    graph = helper.make_graph([node], "ci", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 9, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [w, x_zp, w_zp])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    w_, feeds, got = import_and_run(model, tmp_path, feeds=[rng.integers(0, 256, (1, 4, 9, 8)).astype(np.uint8)])
+    if per_channel:  # onnxruntime takes one weight zero point only
+        want = ReferenceEvaluator(model).run(None, {"x": feeds[0]})
+    else:
+        want = run_onnxruntime(model, w_.inputs, feeds)
+    assert got[0].dtype == np.int32
+    np.testing.assert_array_equal(got[0], want[0])
