@@ -23,6 +23,7 @@ from tvm import relax
 
 from autofuse import onnx_attention
 from autofuse import onnx_composites
+from autofuse import onnx_contrib
 from autofuse import onnx_converters
 from autofuse import onnx_dft
 from autofuse import onnx_float16
@@ -196,7 +197,7 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
 
 # operators TVM's frontend lacks, converted by autofuse
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
-               **onnx_composites.CONVERTERS}
+               **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS}
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
@@ -207,7 +208,11 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     out = []
     for node in model.graph.node:
-        if node.op_type not in supported or node.domain not in ("", "ai.onnx"):
+        if node.domain == onnx_contrib.DOMAIN:
+            known = f"{node.domain}.{node.op_type}" in supported
+        else:
+            known = node.op_type in supported and node.domain in ("", "ai.onnx")
+        if not known:
             domain = node.domain or "ai.onnx"
             out.append(f"{node.name or '<unnamed>'} ({node.op_type}, {domain} opset {opsets.get(domain, '?')})")
     return out
@@ -235,7 +240,8 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelError(f"unsupported ONNX operator(s): {'; '.join(missing[:5])}{more}")
-    imported, halves = onnx_float16.upcast(model) if upcast_half else (model, set())
+    imported, _ = onnx_contrib.tag(model)
+    imported, halves = onnx_float16.upcast(imported) if upcast_half else (imported, set())
     if halves:
         notes.append(f"{' and '.join(sorted(halves))} arithmetic computed in float32 (this CPU target has none; "
                      "inputs and outputs keep their types)")

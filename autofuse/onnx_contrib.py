@@ -1,0 +1,220 @@
+"""onnxruntime's com.microsoft operators that its transformer optimizer writes, as Relax ops.
+
+Models published already optimised for onnxruntime (BERT-like exports run through
+`onnxruntime.transformers.optimizer`) hold contrib operators: Gelu, FastGelu, BiasGelu,
+QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
+SimplifiedLayerNormalization (an RMS norm that onnxruntime registers in the ONNX domain),
+Attention (QKV in one weight), and EmbedLayerNormalization, which TVM's frontend converts. TVM's
+frontend dispatches on the operator's name alone, ignoring its domain, so a contrib node could
+meet a standard operator's converter of the same name (com.microsoft's RotaryEmbedding and
+Attention take other inputs than ONNX's). `tag` therefore renames each contrib node to
+"com.microsoft.<op>" before import, and only the names CONVERTERS holds are accepted.
+Each becomes what onnxruntime's contrib operator documentation says it computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from tvm import relax
+
+from autofuse.onnx_converters import array_const
+from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import optional_input
+from autofuse.onnx_converters import static_shape
+
+DOMAIN = "com.microsoft"
+
+
+def tag(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """`model` with each com.microsoft node renamed "com.microsoft.<op>" (domain cleared), and
+    how many; the model itself where it has none."""
+    if not any(n.domain == DOMAIN for n in model.graph.node):
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    count = 0
+    for node in out.graph.node:
+        if node.domain == DOMAIN:
+            node.op_type, node.domain = f"{DOMAIN}.{node.op_type}", ""
+            count += 1
+    return out, count
+
+
+def _c(value: float, like: relax.Expr) -> relax.Constant:
+    return relax.const(value, str(like.ty.dtype))
+
+
+def _erf_gelu(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    """0.5 x (1 + erf(x / sqrt 2))."""
+    erf = relax.op.erf(relax.op.multiply(x, _c(1 / math.sqrt(2), x)))
+    return bb.emit(relax.op.multiply(relax.op.multiply(x, _c(0.5, x)), relax.op.add(erf, _c(1.0, x))))
+
+
+def _gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    return _erf_gelu(bb, inputs[0])
+
+
+def _bias_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    return _erf_gelu(bb, bb.emit(relax.op.add(inputs[0], inputs[1])))
+
+
+def _fast_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the optional bias added first."""
+    x = inputs[0]
+    bias = optional_input(inputs, 1, params)
+    if bias is not None:
+        x = bb.emit(relax.op.add(x, bias))
+    inner = relax.op.multiply(relax.op.add(x, relax.op.multiply(_c(0.044715, x), relax.op.multiply(x, relax.op.multiply(x, x)))),
+                              _c(math.sqrt(2 / math.pi), x))
+    return bb.emit(relax.op.multiply(relax.op.multiply(x, _c(0.5, x)), relax.op.add(relax.op.tanh(inner), _c(1.0, x))))
+
+
+def _quick_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """x sigmoid(alpha x) (CLIP's activation)."""
+    x = inputs[0]
+    return bb.emit(relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, _c(float(attr.get("alpha", 1.702)), x)))))
+
+
+def _swap_last(x: relax.Expr) -> relax.Expr:
+    ndim = x.ty.ndim
+    return relax.op.permute_dims(x, [*range(ndim - 2), ndim - 1, ndim - 2])
+
+
+def _fused_matmul(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """alpha * op(A) @ op(B), op a transpose of the last two axes where transA/transB say."""
+    if int(attr.get("transBatchA", 0)) or int(attr.get("transBatchB", 0)):
+        raise ValueError("FusedMatMul: transBatchA/transBatchB are not supported")
+    a, b = inputs[0], inputs[1]
+    if int(attr.get("transA", 0)):
+        a = bb.emit(_swap_last(a))
+    if int(attr.get("transB", 0)):
+        b = bb.emit(_swap_last(b))
+    y = bb.emit(relax.op.matmul(a, b))
+    alpha = float(attr.get("alpha", 1.0))
+    return y if alpha == 1.0 else bb.emit(relax.op.multiply(y, _c(alpha, y)))
+
+
+def _rms_norm(bb: relax.BlockBuilder, x: relax.Expr, scale: relax.Expr, eps: float, axis: int = -1) -> relax.Expr:
+    """x / sqrt(mean(x^2) + eps) * scale over the axes from `axis` on."""
+    axes = list(range(axis % x.ty.ndim, x.ty.ndim))
+    ms = relax.op.mean(relax.op.multiply(x, x), axis=axes, keepdims=True)
+    return bb.emit(relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(ms, _c(eps, x)))), scale))
+
+
+def _skip_sum(bb: relax.BlockBuilder, inputs: list, params: list, bias_at: int) -> relax.Expr:
+    x = bb.emit(relax.op.add(inputs[0], inputs[1]))
+    bias = optional_input(inputs, bias_at, params)
+    return x if bias is None else bb.emit(relax.op.add(x, bias))
+
+
+def _with_sum(y: relax.Expr, total: relax.Expr, attr: dict) -> relax.Expr:
+    """Output 0 alone, or (output, mean, inv_std_var, input_skip_bias_sum) where more are
+    used; the statistics (training outputs) are not produced."""
+    outputs = int(attr["tvm_custom"].get("num_outputs", 1))
+    if outputs == 1:
+        return y
+    if outputs != 4:
+        raise ValueError("Skip*LayerNormalization: of the extra outputs only input_skip_bias_sum is supported")
+    none = relax.const(0.0, str(y.ty.dtype))
+    return relax.Tuple([y, none, none, total])
+
+
+def _skip_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """LayerNorm(input + skip + bias) with gamma and the optional beta."""
+    total = _skip_sum(bb, inputs, params, 4)
+    gamma, beta = inputs[2], optional_input(inputs, 3, params)
+    if beta is None:
+        beta = relax.op.zeros_like(gamma)
+    y = bb.emit(relax.op.nn.layer_norm(total, gamma, beta, axes=-1, epsilon=float(attr.get("epsilon", 1e-12))))
+    return _with_sum(y, total, attr)
+
+
+def _skip_simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """RMSNorm(input + skip + bias) * gamma."""
+    total = _skip_sum(bb, inputs, params, 3)
+    return _with_sum(_rms_norm(bb, total, inputs[2], float(attr.get("epsilon", 1e-12))), total, attr)
+
+
+def _simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    if int(attr["tvm_custom"].get("num_outputs", 1)) > 1:
+        raise ValueError("SimplifiedLayerNormalization: only the normalised output is supported")
+    axis = int(attr.get("axis", -1))
+    return _rms_norm(bb, inputs[0], inputs[1], float(attr.get("epsilon", 1e-5)), axis)
+
+
+def _attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """com.microsoft's Attention: the Q, K and V projections in one weight [in, 3 hidden] plus
+    bias, then softmax(Q K^T * scale + mask) V over the heads. The mask index as onnxruntime
+    takes it: [batch] key lengths (from EmbedLayerNormalization), [batch, keys] of 1/0, or
+    [batch, queries, keys]; masked scores get mask_filter_value (-10000) added, as there, and
+    under `unidirectional` future keys are left out."""
+    x, weight, bias = inputs[0], inputs[1], optional_input(inputs, 2, params)
+    mask = optional_input(inputs, 3, params)
+    if any(optional_input(inputs, i, params) is not None for i in range(4, 8)) or attr.get("qkv_hidden_sizes"):
+        raise ValueError("Attention: past state, attention bias and qkv_hidden_sizes are not supported")
+    heads = int(attr["num_heads"])
+    b, s, _ = static_shape(x)  # type: ignore[misc]
+    hidden = static_shape(weight)[1] // 3  # type: ignore[index]
+    size = hidden // heads
+    qkv = bb.emit(relax.op.matmul(x, weight))
+    if bias is not None:
+        qkv = bb.emit(relax.op.add(qkv, bias))
+    q, k, v = (bb.emit(relax.op.permute_dims(relax.op.reshape(
+        relax.op.strided_slice(qkv, [2], [i * hidden], [(i + 1) * hidden]), [b, s, heads, size]), [0, 2, 1, 3]))
+        for i in range(3))
+    scale = float(attr.get("scale", 0.0)) or 1 / math.sqrt(size)
+    scores = bb.emit(relax.op.multiply(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])), _c(scale, x)))
+    filler = _c(float(attr.get("mask_filter_value", -10000.0)), x)
+    keep = None  # [batch, 1 | queries, keys]: whether a score counts
+    if mask is not None:
+        shape = static_shape(mask)
+        if shape == (b,):
+            lengths = relax.op.reshape(relax.op.astype(mask, "int64"), [b, 1, 1])
+            keep = relax.op.less(array_const(np.arange(s, dtype="int64").reshape(1, 1, s)), lengths)
+        elif shape in ((b, s), (b, s, s)):
+            keep = relax.op.not_equal(mask, relax.const(0, str(mask.ty.dtype)))
+            keep = relax.op.reshape(keep, [b, 1, s]) if len(shape) == 2 else keep
+        else:
+            raise ValueError(f"Attention: a mask index of shape {shape} is not supported")
+        # the same for every head, the filler added where masked
+        penalty = relax.op.where(relax.op.expand_dims(keep, 1), _c(0.0, x), filler)
+        scores = bb.emit(relax.op.add(scores, penalty))
+    if int(attr.get("unidirectional", 0)):  # future keys do not count at all (-inf), as there
+        future = array_const(np.where(np.tril(np.ones((s, s), bool)), 0.0, -np.inf).astype(str(x.ty.dtype)))
+        scores = bb.emit(relax.op.add(scores, future))
+    y = bb.emit(relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), v))
+    y = bb.emit(relax.op.reshape(relax.op.permute_dims(y, [0, 2, 1, 3]), [b, s, hidden]))
+    if int(attr["tvm_custom"].get("num_outputs", 1)) > 1:
+        raise ValueError("Attention: the present state output is not supported")
+    return y
+
+
+def _stock(op: str) -> type:
+    """The frontend's own converter for contrib operator `op` (TVM's ONNX frontend has
+    com.microsoft's EmbedLayerNormalization under its bare name)."""
+
+    def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        return getattr(onnx_frontend, op).get_converter(1)(bb, inputs, attr, params)
+
+    return converter(op, {1: convert})
+
+
+# onnxruntime registers SimplifiedLayerNormalization in the ONNX domain: it keeps its name
+CONVERTERS: dict[str, type] = {
+    f"{DOMAIN}.Gelu": converter("Gelu", {1: _gelu}),
+    f"{DOMAIN}.BiasGelu": converter("BiasGelu", {1: _bias_gelu}),
+    f"{DOMAIN}.FastGelu": converter("FastGelu", {1: _fast_gelu}),
+    f"{DOMAIN}.QuickGelu": converter("QuickGelu", {1: _quick_gelu}),
+    f"{DOMAIN}.FusedMatMul": converter("FusedMatMul", {1: _fused_matmul}),
+    f"{DOMAIN}.SkipLayerNormalization": converter("SkipLayerNormalization", {1: _skip_layer_norm}),
+    f"{DOMAIN}.SkipSimplifiedLayerNormalization": converter("SkipSimplifiedLayerNormalization",
+                                                            {1: _skip_simplified_layer_norm}),
+    f"{DOMAIN}.Attention": converter("Attention", {1: _attention}),
+    f"{DOMAIN}.EmbedLayerNormalization": _stock("EmbedLayerNormalization"),
+    "SimplifiedLayerNormalization": converter("SimplifiedLayerNormalization", {1: _simplified_layer_norm}),
+}
