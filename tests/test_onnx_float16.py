@@ -108,3 +108,27 @@ def test_the_cpu_build_of_a_float16_model_matches_onnxruntime(tmp_path):
     assert [g.dtype for g in got] == [np.float16] * 3
     for g, r in zip(got, want):
         np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_tune_and_apply_a_float16_model_keep_its_interface(tmp_path):
+    """`autofuse tune` then `apply`: the library takes and returns float16 like the model."""
+    import tvm
+    from tvm import relax
+    from typer.testing import CliRunner
+
+    from autofuse.cli import app
+
+    path, log_dir, lib = tmp_path / "half.onnx", tmp_path / "logs", tmp_path / "half.so"
+    model = half_model()
+    onnx.save(model, path)
+    for args in (["tune", path, "--log-dir", log_dir, "--trials", 2, "--repeat", 3],
+                 ["apply", path, "--log-dir", log_dir, "-o", lib]):
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float16)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+    got = [t.numpy() for t in vm["main"](tvm.runtime.tensor(x))]
+    want = run_onnxruntime(model, [InputSpec("x", (4, 16), "float16")], [x])
+    assert [g.dtype for g in got] == [np.float16] * 3
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=1e-2, atol=1e-2)
