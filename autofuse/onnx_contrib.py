@@ -4,7 +4,8 @@ Models published already optimised for onnxruntime (BERT-like exports run throug
 `onnxruntime.transformers.optimizer`) hold contrib operators: Gelu, FastGelu, BiasGelu,
 QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
 SimplifiedLayerNormalization (an RMS norm that onnxruntime registers in the ONNX domain),
-Attention (QKV in one weight), and EmbedLayerNormalization, which TVM's frontend converts. TVM's
+Attention (QKV in one weight), MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
+TVM's frontend converts. TVM's
 frontend dispatches on the operator's name alone, ignoring its domain, so a contrib node could
 meet a standard operator's converter of the same name (com.microsoft's RotaryEmbedding and
 Attention take other inputs than ONNX's). `tag` therefore renames each contrib node to
@@ -22,6 +23,7 @@ from tvm import relax
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
@@ -192,6 +194,42 @@ def _attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -
     return y
 
 
+def _matmul_nbits(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """A @ W (+ bias) with W stored in `bits`-bit blocks (4-bit LLM and encoder exports): the
+    constant weights dequantized at import, (q - zero point) * scale per block of K, and the
+    node becomes a float matmul the search fuses like any other. The weights then take 32/bits
+    times their memory; the arithmetic is the same as onnxruntime's float path."""
+    a = inputs[0]
+    packed, scales, zeros, g_idx, bias = (optional_input(inputs, i, params) for i in (1, 2, 3, 4, 5))
+    if not (is_const(packed) and is_const(scales) and (zeros is None or is_const(zeros))):
+        raise ValueError("MatMulNBits: the quantized weights, scales and zero points must be constants")
+    if g_idx is not None:
+        raise ValueError("MatMulNBits: g_idx (act-order groups) is not supported")
+    k, n, bits, block = (int(attr[name]) for name in ("K", "N", "bits", "block_size"))
+    q = _unpack(packed.value.numpy().reshape(n, -1), bits)  # [N, blocks * block]
+    blocks = q.shape[1] // block
+    scale = scales.value.numpy().reshape(n, blocks).astype(np.float32)
+    if zeros is None:
+        zero = np.full((n, blocks), 2 ** (bits - 1), np.float32)
+    elif str(zeros.ty.dtype) == "uint8":
+        zero = _unpack(zeros.value.numpy().reshape(n, -1), bits)[:, :blocks].astype(np.float32)
+    else:
+        zero = zeros.value.numpy().reshape(n, blocks).astype(np.float32)
+    w = (q.reshape(n, blocks, block) - zero[:, :, None]) * scale[:, :, None]
+    w = w.reshape(n, blocks * block)[:, :k].T.astype(str(a.ty.dtype))  # [K, N]
+    y = bb.emit(relax.op.matmul(a, array_const(np.ascontiguousarray(w))))
+    return y if bias is None else bb.emit(relax.op.add(y, bias))
+
+
+def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
+    """Rows of packed `bits`-bit unsigned values, least significant bits first."""
+    if bits == 8:
+        return data.astype(np.int32)
+    values = np.unpackbits(data.astype(np.uint8), axis=-1, bitorder="little")  # 8 bits a byte, LSB first
+    values = values.reshape(*data.shape[:-1], -1, bits)
+    return (values * (1 << np.arange(bits))).sum(-1).astype(np.int32)
+
+
 def _stock(op: str) -> type:
     """The frontend's own converter for contrib operator `op` (TVM's ONNX frontend has
     com.microsoft's EmbedLayerNormalization under its bare name)."""
@@ -216,5 +254,6 @@ CONVERTERS: dict[str, type] = {
                                                             {1: _skip_simplified_layer_norm}),
     f"{DOMAIN}.Attention": converter("Attention", {1: _attention}),
     f"{DOMAIN}.EmbedLayerNormalization": _stock("EmbedLayerNormalization"),
+    f"{DOMAIN}.MatMulNBits": converter("MatMulNBits", {1: _matmul_nbits}),
     "SimplifiedLayerNormalization": converter("SimplifiedLayerNormalization", {1: _simplified_layer_norm}),
 }

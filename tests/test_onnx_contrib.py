@@ -121,11 +121,28 @@ def test_attention_masks(tmp_path, mask, unidirectional):
           tmp_path)
 
 
+@pytest.mark.parametrize("zero_points", ["none", "packed", "float"])
+def test_matmul_nbits(tmp_path, zero_points):
+    """4-bit weights in blocks of 16 along K (K = 40: the last block padded), as onnxruntime's
+    4-bit quantizer writes them, dequantized at import."""
+    rng = np.random.default_rng(1)
+    k, n, block = 40, 24, 16
+    blocks = -(-k // block)
+    consts = {"b": rng.integers(0, 256, (n, blocks, block // 2)).astype(np.uint8),
+              "scales": (rng.random(n * blocks) * 0.1 + 0.01).astype(np.float32)}
+    if zero_points == "packed":
+        consts["zp"] = rng.integers(0, 256, (n * -(-blocks // 2),)).astype(np.uint8)
+    elif zero_points == "float":
+        consts["zp"] = rng.integers(0, 16, (n * blocks,)).astype(np.float32)
+    check(contrib("MatMulNBits", {"a": ((2, 3, k), F)}, {"y": (2, 3, n)}, consts, K=k, N=n, bits=4,
+                  block_size=block), tmp_path)
+
+
 def test_contrib_operators_do_not_meet_standard_converters(tmp_path):
     # com.microsoft's RotaryEmbedding takes (input, position_ids, cos, sin); ONNX's, which
     # onnx_composites converts, (X, cos, sin, position_ids): reported, not misconverted
     model = contrib("RotaryEmbedding", {"x": ((1, 2, 4, 8), F)}, {"y": (1, 2, 4, 8)},
                     {"pos": np.zeros((1, 4), np.int64), "cos": rand(4, 4), "sin": rand(4, 4)})
     assert unsupported_ops(model) == ["<unnamed> (RotaryEmbedding, com.microsoft opset 1)"]
-    model = contrib("MatMulNBits", X, {"y": (2, 5, 16)})
-    assert unsupported_ops(model) == ["<unnamed> (MatMulNBits, com.microsoft opset 1)"]
+    model = contrib("GroupQueryAttention", X, {"y": (2, 5, 16)})
+    assert unsupported_ops(model) == ["<unnamed> (GroupQueryAttention, com.microsoft opset 1)"]
