@@ -206,13 +206,16 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
 
     supported = set(_get_convert_map()) | set(_CONVERTERS) | {"Constant", "If"}
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    statistics = onnx_contrib.read_statistics(model)
     out = []
-    for node in model.graph.node:
+    for k, node in enumerate(model.graph.node):
         if node.domain == onnx_contrib.DOMAIN:
             known = f"{node.domain}.{node.op_type}" in supported
         else:
             known = node.op_type in supported and node.domain in ("", "ai.onnx")
-        if not known:
+        if k in statistics:
+            out.append(f"{node.name or '<unnamed>'} ({node.op_type} whose mean/inv_std_var outputs are read)")
+        elif not known:
             domain = node.domain or "ai.onnx"
             out.append(f"{node.name or '<unnamed>'} ({node.op_type}, {domain} opset {opsets.get(domain, '?')})")
     return out

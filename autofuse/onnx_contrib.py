@@ -113,15 +113,14 @@ def _skip_sum(bb: relax.BlockBuilder, inputs: list, params: list, bias_at: int) 
 
 
 def _with_sum(y: relax.Expr, total: relax.Expr, attr: dict) -> relax.Expr:
-    """Output 0 alone, or (output, mean, inv_std_var, input_skip_bias_sum) where more are
-    used; the statistics (training outputs) are not produced."""
+    """Output 0 alone, or with (mean, inv_std_var, input_skip_bias_sum) after it: the
+    statistics are training outputs that nothing reads (`read_statistics` refuses a model
+    where something does), so zeros stand in for them."""
     outputs = int(attr["tvm_custom"].get("num_outputs", 1))
     if outputs == 1:
         return y
-    if outputs != 4:
-        raise ValueError("Skip*LayerNormalization: of the extra outputs only input_skip_bias_sum is supported")
     none = relax.const(0.0, str(y.ty.dtype))
-    return relax.Tuple([y, none, none, total])
+    return relax.Tuple([y, none, none, total][:outputs])
 
 
 def _skip_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -141,10 +140,25 @@ def _skip_simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict
 
 
 def _simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    if int(attr["tvm_custom"].get("num_outputs", 1)) > 1:
-        raise ValueError("SimplifiedLayerNormalization: only the normalised output is supported")
     axis = int(attr.get("axis", -1))
-    return _rms_norm(bb, inputs[0], inputs[1], float(attr.get("epsilon", 1e-5)), axis)
+    y = _rms_norm(bb, inputs[0], inputs[1], float(attr.get("epsilon", 1e-5)), axis)
+    if int(attr["tvm_custom"].get("num_outputs", 1)) == 1:
+        return y
+    return relax.Tuple([y, relax.const(0.0, str(y.ty.dtype))])  # inv_std_var, unread (see _with_sum)
+
+
+# outputs the normalisations above do not compute: statistics kept for training
+STATISTICS = {"SkipLayerNormalization": (1, 2), "SkipSimplifiedLayerNormalization": (1, 2),
+              "SimplifiedLayerNormalization": (1,)}
+
+
+def read_statistics(model: onnx.ModelProto) -> set[int]:
+    """Positions of the normalisation nodes whose statistics outputs a node or the graph reads."""
+    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    read.discard("")
+    return {k for k, node in enumerate(model.graph.node)
+            if node.domain in (DOMAIN, "", "ai.onnx") and node.op_type in STATISTICS
+            and any(i < len(node.output) and node.output[i] in read for i in STATISTICS[node.op_type])}
 
 
 def _attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:

@@ -74,6 +74,18 @@ def test_skip_layer_normalization(tmp_path, outputs):
     check(model, tmp_path)
 
 
+def test_read_statistics_are_refused(tmp_path):
+    # mean and inv_std_var are not computed (zeros stand in): a model that reads one is refused
+    consts = {"skip": rand(2, 5, 16), "gamma": rand(16)}
+    model = contrib("SkipLayerNormalization", X, {"y": (2, 5, 16)}, consts)
+    model.graph.node[0].output.extend(["mean"])
+    model.graph.output.append(helper.make_tensor_value_info("mean", F, None))
+    assert unsupported_ops(model) == ["<unnamed> (SkipLayerNormalization whose mean/inv_std_var outputs are read)"]
+    model = contrib("SimplifiedLayerNormalization", X, {"y": (2, 5, 16)}, {"scale": rand(16)}, domain="")
+    model.graph.node[0].output.extend(["unread"])  # a second output nothing reads is fine
+    check(model, tmp_path)
+
+
 def test_skip_layer_normalization_without_beta_and_bias(tmp_path):
     check(contrib("SkipLayerNormalization", X, {"y": (2, 5, 16)}, {"skip": rand(2, 5, 16), "gamma": rand(16)}),
           tmp_path)
