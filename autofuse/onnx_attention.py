@@ -17,6 +17,7 @@ from tvm import relax
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import heads_first
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
@@ -26,12 +27,6 @@ _PRECISION = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 def _error(name: str, problem: str) -> ValueError:
     return ValueError(f"Attention node {name!r}: {problem}")
-
-
-def _heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr:
-    """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
-    b, s, hidden = static_shape(x)  # type: ignore[misc]
-    return bb.emit(relax.op.permute_dims(relax.op.reshape(x, [b, s, heads, hidden // heads]), [0, 2, 1, 3]))
 
 
 def _convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -48,7 +43,7 @@ def _convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> 
         if "q_num_heads" not in attr or "kv_num_heads" not in attr:
             raise _error(name, "3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
         q_heads, kv_heads = int(attr["q_num_heads"]), int(attr["kv_num_heads"])
-        q, k, v = _heads_first(bb, q, q_heads), _heads_first(bb, k, kv_heads), _heads_first(bb, v, kv_heads)
+        q, k, v = heads_first(bb, q, q_heads), heads_first(bb, k, kv_heads), heads_first(bb, v, kv_heads)
     q_heads, q_len, head = static_shape(q)[1:]  # type: ignore[index]
     kv_heads = static_shape(k)[1]  # type: ignore[index]
     dtype = str(q.ty.dtype)

@@ -4,7 +4,7 @@ Models published already optimised for onnxruntime (BERT-like exports run throug
 `onnxruntime.transformers.optimizer`) hold contrib operators: Gelu, FastGelu, BiasGelu,
 QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
 SimplifiedLayerNormalization (an RMS norm that onnxruntime registers in the ONNX domain),
-Attention (QKV in one weight), MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
+Attention (QKV in one weight), MultiHeadAttention, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
 TVM's frontend converts. TVM's
 frontend dispatches on the operator's name alone, ignoring its domain, so a contrib node could
 meet a standard operator's converter of the same name (com.microsoft's RotaryEmbedding and
@@ -23,6 +23,7 @@ from tvm import relax
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import heads_first
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
@@ -161,51 +162,82 @@ def read_statistics(model: onnx.ModelProto) -> set[int]:
             and any(i < len(node.output) and node.output[i] in read for i in STATISTICS[node.op_type])}
 
 
-def _attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """com.microsoft's Attention: the Q, K and V projections in one weight [in, 3 hidden] plus
-    bias, then softmax(Q K^T * scale + mask) V over the heads. The mask index as onnxruntime
-    takes it: [batch] key lengths (from EmbedLayerNormalization), [batch, keys] of 1/0, or
-    [batch, queries, keys]; masked scores get mask_filter_value (-10000) added, as there, and
-    under `unidirectional` future keys are left out."""
-    x, weight, bias = inputs[0], inputs[1], optional_input(inputs, 2, params)
-    mask = optional_input(inputs, 3, params)
-    if any(optional_input(inputs, i, params) is not None for i in range(4, 8)) or attr.get("qkv_hidden_sizes"):
-        raise ValueError("Attention: past state, attention bias and qkv_hidden_sizes are not supported")
-    heads = int(attr["num_heads"])
-    b, s, _ = static_shape(x)  # type: ignore[misc]
-    hidden = static_shape(weight)[1] // 3  # type: ignore[index]
-    size = hidden // heads
-    qkv = bb.emit(relax.op.matmul(x, weight))
-    if bias is not None:
-        qkv = bb.emit(relax.op.add(qkv, bias))
-    q, k, v = (bb.emit(relax.op.permute_dims(relax.op.reshape(
-        relax.op.strided_slice(qkv, [2], [i * hidden], [(i + 1) * hidden]), [b, s, heads, size]), [0, 2, 1, 3]))
-        for i in range(3))
+def _attend(
+    bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, mask: relax.Expr | None,
+    attention_bias: relax.Expr | None, attr: dict, op: str,
+) -> relax.Expr:
+    """softmax(Q K^T * scale + mask) V for [batch, heads, seq, size] Q, K and V, as
+    [batch, seq, heads * size]. The mask as onnxruntime's contrib attention takes it: [batch]
+    key lengths (from EmbedLayerNormalization), [batch, keys] of 1/0, or [batch, queries,
+    keys]; masked scores get mask_filter_value (-10000) added, as there, and under
+    `unidirectional` future keys are left out (-inf)."""
+    b, heads, s, size = static_shape(q)  # type: ignore[misc]
+    keys = static_shape(k)[2]  # type: ignore[index]
+    dtype = str(q.ty.dtype)
     scale = float(attr.get("scale", 0.0)) or 1 / math.sqrt(size)
-    scores = bb.emit(relax.op.multiply(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])), _c(scale, x)))
-    filler = _c(float(attr.get("mask_filter_value", -10000.0)), x)
-    keep = None  # [batch, 1 | queries, keys]: whether a score counts
+    scores = bb.emit(relax.op.multiply(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])),
+                                       relax.const(scale, dtype)))
+    if attention_bias is not None:
+        scores = bb.emit(relax.op.add(scores, attention_bias))
     if mask is not None:
         shape = static_shape(mask)
         if shape == (b,):
             lengths = relax.op.reshape(relax.op.astype(mask, "int64"), [b, 1, 1])
-            keep = relax.op.less(array_const(np.arange(s, dtype="int64").reshape(1, 1, s)), lengths)
-        elif shape in ((b, s), (b, s, s)):
+            keep = relax.op.less(array_const(np.arange(keys, dtype="int64").reshape(1, 1, keys)), lengths)
+        elif shape in ((b, keys), (b, s, keys)):
             keep = relax.op.not_equal(mask, relax.const(0, str(mask.ty.dtype)))
-            keep = relax.op.reshape(keep, [b, 1, s]) if len(shape) == 2 else keep
+            keep = relax.op.reshape(keep, [b, 1, keys]) if len(shape) == 2 else keep
         else:
-            raise ValueError(f"Attention: a mask index of shape {shape} is not supported")
+            raise ValueError(f"{op}: a mask of shape {shape} is not supported")
+        filler = relax.const(float(attr.get("mask_filter_value", -10000.0)), dtype)
         # the same for every head, the filler added where masked
-        penalty = relax.op.where(relax.op.expand_dims(keep, 1), _c(0.0, x), filler)
-        scores = bb.emit(relax.op.add(scores, penalty))
-    if int(attr.get("unidirectional", 0)):  # future keys do not count at all (-inf), as there
-        future = array_const(np.where(np.tril(np.ones((s, s), bool)), 0.0, -np.inf).astype(str(x.ty.dtype)))
-        scores = bb.emit(relax.op.add(scores, future))
+        scores = bb.emit(relax.op.add(scores, relax.op.where(relax.op.expand_dims(keep, 1),
+                                                             relax.const(0.0, dtype), filler)))
+    if int(attr.get("unidirectional", 0)):
+        future = np.where(np.tril(np.ones((s, keys), bool), keys - s), 0.0, -np.inf).astype(dtype)
+        scores = bb.emit(relax.op.add(scores, array_const(future)))
     y = bb.emit(relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), v))
-    y = bb.emit(relax.op.reshape(relax.op.permute_dims(y, [0, 2, 1, 3]), [b, s, hidden]))
+    return bb.emit(relax.op.reshape(relax.op.permute_dims(y, [0, 2, 1, 3]), [b, s, heads * static_shape(v)[3]]))
+
+
+def _attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """com.microsoft's Attention: the Q, K and V projections in one weight [in, 3 hidden] plus
+    bias, then attention over the heads (`_attend`)."""
+    x, weight, bias = inputs[0], inputs[1], optional_input(inputs, 2, params)
+    if any(optional_input(inputs, i, params) is not None for i in range(4, 8)) or attr.get("qkv_hidden_sizes"):
+        raise ValueError("Attention: past state, attention bias and qkv_hidden_sizes are not supported")
     if int(attr["tvm_custom"].get("num_outputs", 1)) > 1:
         raise ValueError("Attention: the present state output is not supported")
-    return y
+    heads = int(attr["num_heads"])
+    hidden = static_shape(weight)[1] // 3  # type: ignore[index]
+    qkv = bb.emit(relax.op.matmul(x, weight))
+    if bias is not None:
+        qkv = bb.emit(relax.op.add(qkv, bias))
+    q, k, v = (heads_first(bb, bb.emit(relax.op.strided_slice(qkv, [2], [i * hidden], [(i + 1) * hidden])), heads)
+               for i in range(3))
+    return _attend(bb, q, k, v, optional_input(inputs, 3, params), None, attr, "Attention")
+
+
+def _multi_head_attention(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """com.microsoft's MultiHeadAttention with separate [batch, seq, hidden] query, key and
+    value (cross-attention included), the optional bias of all three concatenated, the key
+    padding mask and an additive attention bias; no past state."""
+    q, k, v = inputs[0], optional_input(inputs, 1, params), optional_input(inputs, 2, params)
+    bias, mask, attention_bias = (optional_input(inputs, i, params) for i in (3, 4, 5))
+    if k is None or v is None or any(optional_input(inputs, i, params) is not None for i in range(6, 10)):
+        raise ValueError("MultiHeadAttention: packed QKV and past state are not supported")
+    if int(attr["tvm_custom"].get("num_outputs", 1)) > 1:
+        raise ValueError("MultiHeadAttention: the present state outputs are not supported")
+    if any(len(static_shape(t) or ()) != 3 for t in (q, k, v)):
+        raise ValueError("MultiHeadAttention: query, key and value must be [batch, seq, hidden]")
+    if bias is not None:
+        sizes = [static_shape(t)[2] for t in (q, k, v)]  # type: ignore[index]
+        starts = np.cumsum([0, *sizes])
+        q, k, v = (bb.emit(relax.op.add(t, relax.op.strided_slice(bias, [0], [int(lo)], [int(hi)])))
+                   for t, lo, hi in zip((q, k, v), starts[:-1], starts[1:]))
+    heads = int(attr["num_heads"])
+    return _attend(bb, heads_first(bb, q, heads), heads_first(bb, k, heads), heads_first(bb, v, heads), mask, attention_bias, attr,
+                   "MultiHeadAttention")
 
 
 def _matmul_nbits(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -267,6 +299,7 @@ CONVERTERS: dict[str, type] = {
     f"{DOMAIN}.SkipSimplifiedLayerNormalization": converter("SkipSimplifiedLayerNormalization",
                                                             {1: _skip_simplified_layer_norm}),
     f"{DOMAIN}.Attention": converter("Attention", {1: _attention}),
+    f"{DOMAIN}.MultiHeadAttention": converter("MultiHeadAttention", {1: _multi_head_attention}),
     f"{DOMAIN}.EmbedLayerNormalization": _stock("EmbedLayerNormalization"),
     f"{DOMAIN}.MatMulNBits": converter("MatMulNBits", {1: _matmul_nbits}),
     "SimplifiedLayerNormalization": converter("SimplifiedLayerNormalization", {1: _simplified_layer_norm}),

@@ -50,6 +50,12 @@ def optional_input(inputs: list, i: int, params: list) -> relax.Expr | None:
     return expr
 
 
+def heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr:
+    """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
+    b, s, hidden = static_shape(x)  # type: ignore[misc]
+    return bb.emit(relax.op.permute_dims(relax.op.reshape(x, [b, s, heads, hidden // heads]), [0, 2, 1, 3]))
+
+
 def converter(op: str, versions: dict[int, Callable[[relax.BlockBuilder, list, dict, list], relax.Expr]]) -> type:
     """A frontend converter class for `op`: `versions` maps the opset each implementation
     starts at to it (the frontend takes the latest one at or below the model's opset)."""

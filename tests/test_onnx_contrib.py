@@ -158,3 +158,31 @@ def test_contrib_operators_do_not_meet_standard_converters(tmp_path):
     assert unsupported_ops(model) == ["<unnamed> (RotaryEmbedding, com.microsoft opset 1)"]
     model = contrib("GroupQueryAttention", X, {"y": (2, 5, 16)})
     assert unsupported_ops(model) == ["<unnamed> (GroupQueryAttention, com.microsoft opset 1)"]
+
+
+@pytest.mark.parametrize("keys,bias,mask,attention_bias,unidirectional", [
+    (5, True, "padding", False, 0),  # self-attention, projections' bias, [batch, keys] 1/0 mask
+    (7, False, None, True, 0),  # cross-attention (7 keys for 5 queries), additive [1, heads, q, k] bias
+    (5, False, "lengths", False, 1),  # [batch] key lengths, causal
+])
+def test_multi_head_attention(tmp_path, keys, bias, mask, attention_bias, unidirectional):
+    s = 5
+    inputs = {"q": ((2, s, 16), F), "k": ((2, keys, 16), F), "v": ((2, keys, 8), F)}
+    names, consts = ["q", "k", "v", "", "", ""], {}
+    if bias:
+        consts["bias"], names[3] = rand(40), "bias"
+    if mask == "padding":
+        inputs["mask"], names[4] = ((2, keys), TensorProto.INT32), "mask"
+    elif mask == "lengths":
+        consts["lengths"], names[4] = np.array([3, 5], np.int32), "lengths"
+    if attention_bias:
+        consts["attn_bias"], names[5] = rand(1, 2, s, keys), "attn_bias"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("MultiHeadAttention", names, ["y"], domain=MS, num_heads=2,
+                            unidirectional=unidirectional)
+    graph = helper.make_graph(
+        [node], "mha", [helper.make_tensor_value_info(n, t, list(sh)) for n, (sh, t) in inputs.items()],
+        [helper.make_tensor_value_info("y", F, [2, s, 8])], [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    check(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]),
+          tmp_path)
