@@ -109,7 +109,7 @@ def _conv_integer(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list
     return Conv._impl_v11(bb, [x, w, None], attr, params)
 
 
-def _rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+def rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """RoPE as the ONNX reference computes it: [b, s, heads, head] rows rotated pairwise (the
     two halves, or even/odd elements when interleaved) by the cached cos/sin of their position."""
     x, cos, sin = inputs[0], inputs[1], inputs[2]
@@ -158,6 +158,6 @@ CONVERTERS: dict[str, type] = {
     "LpNormalization": converter("LpNormalization", {1: _lp_normalization}),
     "CumProd": converter("CumProd", {1: _cumprod}),
     "ReverseSequence": converter("ReverseSequence", {1: _reverse_sequence}),
-    "RotaryEmbedding": converter("RotaryEmbedding", {1: _rotary_embedding}),
+    "RotaryEmbedding": converter("RotaryEmbedding", {1: rotary_embedding}),
     "ConvInteger": converter("ConvInteger", {1: _conv_integer}),
 }

@@ -4,7 +4,7 @@ Models published already optimised for onnxruntime (BERT-like exports run throug
 `onnxruntime.transformers.optimizer`) hold contrib operators: Gelu, FastGelu, BiasGelu,
 QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
 SimplifiedLayerNormalization (an RMS norm that onnxruntime registers in the ONNX domain),
-Attention (QKV in one weight), MultiHeadAttention, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
+Attention (QKV in one weight), MultiHeadAttention, RotaryEmbedding, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
 TVM's frontend converts. TVM's
 frontend dispatches on the operator's name alone, ignoring its domain, so a contrib node could
 meet a standard operator's converter of the same name (com.microsoft's RotaryEmbedding and
@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from tvm import relax
 
+from autofuse.onnx_composites import rotary_embedding
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import heads_first
@@ -240,6 +241,24 @@ def _multi_head_attention(bb: relax.BlockBuilder, inputs: list, attr: dict, para
                    "MultiHeadAttention")
 
 
+def _rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """com.microsoft's RotaryEmbedding: ONNX's (onnx_composites.rotary_embedding) with its
+    inputs in another order, (input, position_ids, cos_cache, sin_cache), and position_ids
+    either [batch, seq] or a [1] offset of positions 0..seq-1."""
+    x, positions, cos, sin = inputs[0], optional_input(inputs, 1, params), inputs[2], inputs[3]
+    if float(attr.get("scale", 1.0)) != 1.0 or int(attr.get("is_packed_batching", 0)):
+        raise ValueError("RotaryEmbedding: scale and packed batching are not supported")
+    shape = static_shape(x)
+    if shape is None or positions is None:
+        raise ValueError("RotaryEmbedding: the input needs a static shape and position_ids")
+    b, s = shape[0], shape[-2] if len(shape) == 4 else shape[1]
+    if static_shape(positions) in ((1,), ()):  # an offset
+        steps = array_const(np.arange(s, dtype="int64").reshape(1, s))
+        offset = relax.op.reshape(relax.op.astype(positions, "int64"), [1, 1])
+        positions = bb.emit(relax.op.broadcast_to(relax.op.add(steps, offset), [b, s]))
+    return rotary_embedding(bb, [x, cos, sin, positions], attr, params)
+
+
 def _matmul_nbits(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """A @ W (+ bias) with W stored in `bits`-bit blocks (4-bit LLM and encoder exports): the
     constant weights dequantized at import, (q - zero point) * scale per block of K, and the
@@ -301,6 +320,7 @@ CONVERTERS: dict[str, type] = {
     f"{DOMAIN}.Attention": converter("Attention", {1: _attention}),
     f"{DOMAIN}.MultiHeadAttention": converter("MultiHeadAttention", {1: _multi_head_attention}),
     f"{DOMAIN}.EmbedLayerNormalization": _stock("EmbedLayerNormalization"),
+    f"{DOMAIN}.RotaryEmbedding": converter("RotaryEmbedding", {1: _rotary_embedding}),
     f"{DOMAIN}.MatMulNBits": converter("MatMulNBits", {1: _matmul_nbits}),
     "SimplifiedLayerNormalization": converter("SimplifiedLayerNormalization", {1: _simplified_layer_norm}),
 }

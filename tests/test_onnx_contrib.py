@@ -150,12 +150,17 @@ def test_matmul_nbits(tmp_path, zero_points):
                   block_size=block), tmp_path)
 
 
-def test_contrib_operators_do_not_meet_standard_converters(tmp_path):
+@pytest.mark.parametrize("positions,interleaved", [("ids", 0), ("offset", 1)])
+def test_rotary_embedding_is_com_microsofts_not_onnxs(tmp_path, positions, interleaved):
     # com.microsoft's RotaryEmbedding takes (input, position_ids, cos, sin); ONNX's, which
-    # onnx_composites converts, (X, cos, sin, position_ids): reported, not misconverted
-    model = contrib("RotaryEmbedding", {"x": ((1, 2, 4, 8), F)}, {"y": (1, 2, 4, 8)},
-                    {"pos": np.zeros((1, 4), np.int64), "cos": rand(4, 4), "sin": rand(4, 4)})
-    assert unsupported_ops(model) == ["<unnamed> (RotaryEmbedding, com.microsoft opset 1)"]
+    # onnx_composites converts, (X, cos, sin, position_ids): the contrib node gets its own order
+    pos = np.array([[0, 3, 1, 2], [5, 4, 6, 7]], np.int64) if positions == "ids" else np.array([2], np.int64)
+    model = contrib("RotaryEmbedding", {"x": ((2, 4, 16), F)}, {"y": (2, 4, 16)},
+                    {"pos": pos, "cos": rand(9, 4), "sin": rand(9, 4)}, num_heads=2, interleaved=interleaved)
+    check(model, tmp_path)
+
+
+def test_unknown_contrib_operators_are_named():
     model = contrib("GroupQueryAttention", X, {"y": (2, 5, 16)})
     assert unsupported_ops(model) == ["<unnamed> (GroupQueryAttention, com.microsoft opset 1)"]
 
