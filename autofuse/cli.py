@@ -355,9 +355,14 @@ def bench(
                      "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error if r else None,
                      "plan": plan.key, "vs_tvm_default": res.speedup(w.tvm_default().key, plan.key)})
     if w.loaded.onnx_model is not None:
-        samples = time_onnxruntime(w.loaded.onnx_model, w.inputs, random_inputs(w.inputs), repeat=repeat)
-        med, spread = median_and_spread(samples)
-        rows.append({"name": "onnxruntime", "status": "ok", "median_s": med, "spread": spread})
+        try:
+            samples = time_onnxruntime(w.loaded.onnx_model, w.inputs, random_inputs(w.inputs), repeat=repeat)
+        except Exception as error:  # a model onnxruntime cannot run (an operator it lacks): a row, not a crash
+            rows.append({"name": "onnxruntime", "status": "error", "median_s": None, "spread": None,
+                         "error": str(error).strip().splitlines()[0][:200]})
+        else:
+            med, spread = median_and_spread(samples)
+            rows.append({"name": "onnxruntime", "status": "ok", "median_s": med, "spread": spread})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
               "threads": cpu_threads(), "scheduler": scheduler}
     if as_json:

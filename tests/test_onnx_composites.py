@@ -125,3 +125,21 @@ def test_conv_integer(tmp_path, per_channel, auto_pad):
         want = run_onnxruntime(model, w_.inputs, feeds)
     assert got[0].dtype == np.int32
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_bench_reports_a_model_onnxruntime_cannot_run(tmp_path):
+    """SwiGLU at opset 28 runs here but not in onnxruntime 1.32: its row says so, the others stand."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from autofuse.cli import app
+
+    path = tmp_path / "swiglu.onnx"
+    onnx.save(one_node("SwiGLU", {"a": (4, 33), "b": (4, 33)}, (4, 33), 28), path)
+    result = CliRunner().invoke(app, ["bench", str(path), "--log-dir", str(tmp_path / "logs"), "--rounds", "1",
+                                      "--repeat", "3", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.stdout)["results"]}
+    assert rows["tvm_default"]["status"] == "ok" and rows["tvm_default"]["median_s"] > 0
+    assert rows["onnxruntime"]["status"] == "error" and "NOT_IMPLEMENTED" in rows["onnxruntime"]["error"]
