@@ -154,13 +154,15 @@ def tune(
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "
                       f"{len(SearchSpace(w.graph, limits))} fusion decisions, strategy {strategy}")
+            for note in w.loaded.notes:  # what import did to the model (simplified, upcast, rewritten)
+                out.print(f"  import: {note}", soft_wrap=True)
         result = _with_progress(make(config), trials, as_json)
         for child in children:
             child.wait()
         if children and finalize:
             result = make(config).finalize()
     if as_json:
-        print(json.dumps(result.summary, indent=1))
+        print(json.dumps({**result.summary, "import_notes": w.loaded.notes}, indent=1))
     else:
         _print_summary(result.summary)
     m = result.best_measurement

@@ -125,6 +125,8 @@ def test_tune_and_apply_a_float16_model_keep_its_interface(tmp_path):
                  ["apply", path, "--log-dir", log_dir, "-o", lib]):
         result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
         assert result.exit_code == 0, result.output
+        if args[0] == "tune":  # the user is told
+            assert "import: float16 arithmetic computed in float32" in result.stdout
     x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float16)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     got = [t.numpy() for t in vm["main"](tvm.runtime.tensor(x))]
