@@ -5,13 +5,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
 from autofuse.build import cpu_threads
 from autofuse.importer import InputSpec
+from autofuse.importer import LoadedModel
 
 
 def time_onnxruntime(
@@ -64,3 +67,26 @@ def median_and_spread(samples: Sequence[float]) -> tuple[float, float | None]:
         return med, None
     q = statistics.quantiles(samples, n=4, method="inclusive")
     return med, (q[2] - q[0]) / med
+
+
+def onnxruntime_agreement(loaded: LoadedModel, compute: Iterable[str], outputs: Sequence[np.ndarray],
+                          feeds: Sequence[np.ndarray]) -> dict[str, Any]:
+    """Whether the imported model computes what onnxruntime computes from the ONNX file.
+
+    Plans are validated against the imported model's unfused outputs, so an operator TVM's
+    frontend converts differently from onnxruntime would pass every plan unnoticed; this compares
+    those outputs with onnxruntime's on the same inputs, at the tolerance of the least precise
+    float type either side computes in (`compute`: the model's operator dtypes; onnxruntime rounds
+    to float16 where the model says so even where the import upcasts it). {"match", "max_diff"},
+    or {"error"} where onnxruntime cannot run the model.
+    """
+    from autofuse.importer import run_onnxruntime
+    from autofuse.worker import compare
+    from autofuse.worker import compute_dtype
+
+    try:
+        want = run_onnxruntime(loaded.onnx_model, loaded.inputs, feeds)  # type: ignore[arg-type]
+    except Exception as err:
+        return {"error": str(err).strip().splitlines()[0][:300]}
+    ok, diff = compare(list(outputs), want, compute_dtype([*compute, loaded.upcast_from or "float32"]))
+    return {"match": ok, "max_diff": diff}

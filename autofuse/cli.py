@@ -161,15 +161,34 @@ def tune(
             child.wait()
         if children and finalize:
             result = make(config).finalize()
+        agreement = _onnxruntime_agreement(w, m) if not build_only else None
     if as_json:
-        print(json.dumps({**result.summary, "import_notes": w.loaded.notes}, indent=1))
+        print(json.dumps({**result.summary, "import_notes": w.loaded.notes, "onnxruntime_check": agreement}, indent=1))
     else:
         _print_summary(result.summary)
+    if agreement and agreement.get("match") is False:
+        err.print(f"autofuse: warning: the imported model differs from onnxruntime by up to {agreement['max_diff']:.2e} "
+                  "on random inputs, beyond tolerance: TVM's ONNX frontend may convert an operator differently "
+                  "(plans are validated against the imported model)", soft_wrap=True)
     m = result.best_measurement
     if m.status not in ("ok", "built"):  # the job ran; no plan of the model works on this target
         err.print(f"autofuse: error: no plan of {w.name} built and ran correctly on {target} "
                   f"({m.status}: {m.error}); every attempt is recorded in {log_dir}", soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _onnxruntime_agreement(w: Any, m: Any) -> dict[str, Any] | None:
+    """The imported model's unfused outputs against onnxruntime's (baselines.onnxruntime_agreement),
+    None for a model that is not ONNX; a failure to check is reported, not raised."""
+    from autofuse.baselines import onnxruntime_agreement
+
+    if w.loaded.onnx_model is None:
+        return None
+    try:
+        feeds, outputs = m.reference_outputs()
+    except Exception as error:
+        return {"error": f"reference run: {str(error).strip().splitlines()[0][:200]}"}
+    return onnxruntime_agreement(w.loaded, (n.dtype for n in w.graph.nodes), outputs, feeds)
 
 
 def _spawn_workers(n: int, storage: str | None, log_dir: Path) -> list[subprocess.Popen[bytes]]:

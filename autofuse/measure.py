@@ -227,6 +227,17 @@ class IsolatedMeasurer:
         """Save the workload's inputs and its unfused CPU outputs as .npy files in `out_dir`."""
         return self._exchange({"op": "reference", "out_dir": out_dir}, self.config.timeout_s)
 
+    def reference_outputs(self) -> tuple[list[Any], list[Any]]:
+        """(the worker's inputs, the unfused model's CPU outputs on them) as numpy arrays."""
+        import numpy as np
+
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = self.write_reference(tmp)
+            if ref.get("status") != "ok":
+                raise RuntimeError(f"the reference run failed: {ref.get('error')}")
+            return ([np.load(os.path.join(tmp, i["file"])) for i in ref["inputs"]],
+                    [np.load(os.path.join(tmp, f)) for f in ref["expected"]])
+
     def tune_kernels(self, plan: FusionPlan, trials: int, seed: int = 0, timeout_s: float = 3600.0) -> dict[str, Any]:
         """MetaSchedule-tune the plan's kernels into `self.database` (in the worker process)."""
         if not self.database:

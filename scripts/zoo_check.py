@@ -22,12 +22,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 SMALL_IMAGE = (1, 3, 64, 64)
 
@@ -128,15 +126,13 @@ def export(name: str, models_dir: Path, image: int = SMALL_IMAGE[-1]) -> list[tu
 
 def check_one(path: str) -> dict[str, Any]:
     """Import `path`, build, check and time its plans in one worker, time onnxruntime."""
+    from autofuse.baselines import onnxruntime_agreement
     from autofuse.baselines import time_onnxruntime
     from autofuse.build import MeasureConfig
     from autofuse.decision import paired_speedup
     from autofuse.importer import random_inputs
-    from autofuse.importer import run_onnxruntime
     from autofuse.measure import IsolatedMeasurer
     from autofuse.space import SearchSpace
-    from autofuse.worker import compare
-    from autofuse.worker import compute_dtype
     from autofuse.workload import prepare
 
     t0 = time.perf_counter()
@@ -146,12 +142,9 @@ def check_one(path: str) -> dict[str, Any]:
         return {"status": "import_error", "error": str(err).strip().splitlines()[-1][:300]}
     default = w.tvm_default()
     plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
-    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m, \
-            tempfile.TemporaryDirectory() as ref_dir:
+    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m:
         results = m.measure_together(plans)
-        ref = m.write_reference(ref_dir)  # the worker's inputs and the unfused model's outputs
-        inputs = [np.load(Path(ref_dir) / i["file"]) for i in ref["inputs"]]
-        unfused = [np.load(Path(ref_dir) / f) for f in ref["expected"]]
+        inputs, unfused = m.reference_outputs()
     rows = {p.name: r for p, r in zip(plans, results)}
     base = rows["tvm_default"]
     out: dict[str, Any] = {"status": "ok", "ops": len(w.graph.nodes), "plans": {}}
@@ -168,11 +161,12 @@ def check_one(path: str) -> dict[str, Any]:
             out["wall_s"] = time.perf_counter() - t0
             return out
         out["onnxruntime_s"] = ort[len(ort) // 2]
-        # the plans were checked against the unfused model; that one against onnxruntime (which
-        # rounds to float16 where the model says so, even where this import computes in float32)
-        dtypes = [n.dtype for n in w.graph.nodes] + [w.loaded.upcast_from or "float32"]
-        same, diff = compare(unfused, run_onnxruntime(w.loaded.onnx_model, w.inputs, inputs), compute_dtype(dtypes))
-        out["onnxruntime_match"], out["onnxruntime_max_diff"] = same, diff
+        # the plans were checked against the unfused model; that one against onnxruntime
+        agreement = onnxruntime_agreement(w.loaded, (n.dtype for n in w.graph.nodes), unfused, inputs)
+        if "error" in agreement:
+            out["onnxruntime_error"] = agreement["error"]
+        else:
+            out["onnxruntime_match"], out["onnxruntime_max_diff"] = agreement["match"], agreement["max_diff"]
     out["wall_s"] = time.perf_counter() - t0
     return out
 

@@ -49,6 +49,8 @@ def test_tune_summary(tuned):
     assert summary["latency_s"]["tvm_default"] > 0 and summary["latency_s"]["unfused"] > 0
     assert summary["latency_s"]["best"] <= summary["latency_s"]["tvm_default"] * 1.0 or not summary["replaced_tvm_default"]
     assert summary["kernels"]["unfused"] == 13
+    # the imported model was checked against onnxruntime itself, not only plans against it
+    assert summary["onnxruntime_check"]["match"] is True and summary["onnxruntime_check"]["max_diff"] < 1e-4
     recs = TuningLog(log_dir).records()
     assert sum(r.role == "best" for r in recs) == 1
     assert any(r.groups and r.groups[0]["kernel"] for r in recs)

@@ -134,3 +134,20 @@ def test_tune_and_apply_a_float16_model_keep_its_interface(tmp_path):
     assert [g.dtype for g in got] == [np.float16] * 3
     for g, r in zip(got, want):
         np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_agreement_with_onnxruntime_allows_for_its_float16_rounding(tmp_path):
+    """The CPU import computes in float32; onnxruntime rounds to float16 between operators: the
+    check compares at float16's tolerance, and still catches a real difference."""
+    from autofuse.baselines import onnxruntime_agreement
+    from autofuse.measure import IsolatedMeasurer
+
+    path = tmp_path / "half.onnx"
+    onnx.save(half_model(), path)
+    w = prepare(path, [], simplify=False)
+    with IsolatedMeasurer(w) as m:
+        feeds, outputs = m.reference_outputs()
+    dtypes = [n.dtype for n in w.graph.nodes]
+    assert onnxruntime_agreement(w.loaded, dtypes, outputs, feeds)["match"] is True
+    off = [o + np.float16(0.5) for o in outputs]
+    assert onnxruntime_agreement(w.loaded, dtypes, off, feeds)["match"] is False
