@@ -27,6 +27,7 @@ from autofuse import onnx_contrib
 from autofuse import onnx_converters
 from autofuse import onnx_dft
 from autofuse import onnx_float16
+from autofuse import onnx_loop
 from autofuse import onnx_qlinear
 from autofuse import onnx_rnn
 
@@ -237,6 +238,9 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     if rewritten:
         notes.append(f"{rewritten} quantized operator(s) in QOperator form rewritten as QDQ (float between "
                      "DequantizeLinear and QuantizeLinear)")
+    model, unrolled = onnx_loop.unroll(model)
+    if unrolled:
+        notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
     if simplify:
         model = _simplify(model, specs, notes)
     missing = unsupported_ops(model)

@@ -22,6 +22,8 @@ from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
 
+from autofuse.onnx_rewrite import rename_inputs
+
 HALF = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 # node attributes naming an output element type (Cast's `to`, EyeLike's and the random
 # generators' `dtype`, DequantizeLinear's `output_dtype`)
@@ -123,27 +125,9 @@ def _keep_interface(g: onnx.GraphProto, original: onnx.GraphProto) -> None:
     for t in list(g.initializer) + list(g.value_info):
         t.name = outputs.get(t.name, t.name)
     for node in g.node:
-        _rename_uses(node, renamed)
+        rename_inputs(node, renamed)
         for k, name in enumerate(node.output):
             node.output[k] = outputs.get(name, name)
     nodes = casts_in + list(g.node) + casts_out
     del g.node[:]
     g.node.extend(nodes)
-
-
-def _rename_uses(node: onnx.NodeProto, renamed: dict[str, str]) -> None:
-    """Rename `node`'s inputs, and the outer-scope names its subgraphs read."""
-    for k, name in enumerate(node.input):
-        if name in renamed:
-            node.input[k] = renamed[name]
-    for a in node.attribute:
-        subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for sub in subs:
-            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
-            local |= {o for n in sub.node for o in n.output}
-            inner = {k: v for k, v in renamed.items() if k not in local}
-            for n in sub.node:
-                _rename_uses(n, inner)
-            for o in sub.output:
-                if o.name in inner:
-                    o.name = inner[o.name]

@@ -1,0 +1,100 @@
+"""ONNX Loop nodes with a constant trip count are unrolled before import (autofuse.onnx_loop) and
+compute what onnxruntime computes from the Loop itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+from onnx_import import import_and_run
+
+from autofuse import onnx_loop
+from autofuse.importer import ModelError
+from autofuse.importer import run_onnxruntime
+from autofuse.workload import prepare
+
+F = TensorProto.FLOAT
+
+
+def loop_model(opset: int, trips: int | None = 4, with_if: bool = False) -> onnx.ModelProto:
+    """v <- tanh(v * w + i) four times, v's values stacked as a scan output; the condition is
+    passed on through an Identity. `with_if`: the body adds an If's result that reads a body
+    value from inside its branches. `trips` None: the count is a graph input."""
+    body_nodes = [
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Cast", ["i"], ["fi"], to=F),
+        helper.make_node("Mul", ["v", "w"], ["vw"]),
+        helper.make_node("Add", ["vw", "fi"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["v_next" if not with_if else "t"]),
+    ]
+    if with_if:
+        def branch(name: str, k: float) -> onnx.GraphProto:
+            return helper.make_graph(
+                [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(k, np.float32))),
+                 helper.make_node("Mul", ["t", "k"], ["b"])], name, [], [helper.make_tensor_value_info("b", F, [2, 3])])
+
+        body_nodes += [helper.make_node("Constant", [], ["flag"], value=numpy_helper.from_array(np.array(True))),
+                       helper.make_node("If", ["flag"], ["v_next"], then_branch=branch("then", 0.5),
+                                        else_branch=branch("else", 2.0))]
+    body_nodes.append(helper.make_node("Identity", ["v_next"], ["scan"]))
+    body = helper.make_graph(
+        body_nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", F, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_next", F, [2, 3]),
+         helper.make_tensor_value_info("scan", F, [2, 3])],
+        [numpy_helper.from_array(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "w")])
+    inputs = [helper.make_tensor_value_info("x", F, [2, 3])]
+    inits = [numpy_helper.from_array(np.array(True), "cond")]
+    if trips is None:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.INT64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(trips, np.int64), "m"))
+    loop = helper.make_node("Loop", ["m", "cond", "x"], ["v_final", "vs"], body=body)
+    graph = helper.make_graph([loop], "loop", inputs,
+                              [helper.make_tensor_value_info("v_final", F, [2, 3]),
+                               helper.make_tensor_value_info("vs", F, [trips or 4, 2, 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_unrolled_loops_match_onnxruntime(tmp_path, opset):
+    model = loop_model(opset)
+    unrolled, count = onnx_loop.unroll(model)
+    assert count == 1 and not any(n.op_type == "Loop" for n in unrolled.graph.node)
+    onnx.checker.check_model(unrolled)
+    w, feeds, got = import_and_run(model, tmp_path)
+    assert "1 Loop node(s) with a constant trip count unrolled" in w.loaded.notes
+    want = run_onnxruntime(model, w.inputs, feeds)
+    assert [g.shape for g in got] == [(2, 3), (4, 2, 3)]
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_subgraphs_in_an_unrolled_body_read_their_own_iteration(tmp_path):
+    # the If's branches read the body's `t` by name: each copy must read its iteration's `t`
+    # (compared in onnxruntime: TVM imports an If outside any dataflow block, unfusable)
+    model = loop_model(17, with_if=True)
+    unrolled, _ = onnx_loop.unroll(model)
+    x = [np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)]
+    spec = [onnx_input("x")]
+    for g, r in zip(run_onnxruntime(unrolled, spec, x), run_onnxruntime(model, spec, x)):
+        np.testing.assert_allclose(g, r, rtol=1e-6)
+
+
+def test_a_loop_counted_at_run_time_is_named_as_unsupported(tmp_path):
+    model = loop_model(17, trips=None)
+    assert onnx_loop.unroll(model) == (model, 0)
+    path = tmp_path / "loop.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ModelError, match=r"unsupported ONNX operator.*Loop"):
+        prepare(path, [onnx_input("x"), onnx_input("m")], simplify=False)
+
+
+def onnx_input(name: str):
+    from autofuse.importer import InputSpec
+
+    return InputSpec(name, (2, 3), "float32") if name == "x" else InputSpec(name, (), "int64")
