@@ -70,7 +70,7 @@ def _unrolled(
     trips = int(trips.reshape(-1)[0])  # type: ignore[attr-defined]
     carried = list(loop.input[2:])
     scans = len(body.output) - 1 - len(carried)
-    if not 0 < trips <= MAX_TRIPS or trips * len(body.node) > MAX_UNROLLED_NODES or not _always_true(body):
+    if not 0 < trips <= MAX_TRIPS or trips * len(body.node) > MAX_UNROLLED_NODES or not _always_true(body, constants):
         return None
     nodes: list[onnx.NodeProto] = []
     inits = []
@@ -123,16 +123,22 @@ def _unrolled(
     return nodes, inits
 
 
-def _always_true(body: onnx.GraphProto) -> bool:
-    """Whether the body's condition output is its condition input passed on, or a constant true."""
+def _always_true(body: onnx.GraphProto, constants: dict[str, object]) -> bool:
+    """Whether the body's condition output is its condition input passed on, or a constant true
+    (made in the body, or read from the enclosing graph as TorchScript's export does)."""
     cond_in, cond_out = body.input[1].name, body.output[0].name
     if cond_out == cond_in:
         return True
     producer = next((n for n in body.node if cond_out in n.output), None)
     if producer is None:
-        return False
+        value = constants.get(cond_out)
+        return value is not None and bool(value.reshape(-1)[0])  # type: ignore[attr-defined]
     if producer.op_type == "Identity":
-        return producer.input[0] == cond_in
+        source = producer.input[0]
+        if source == cond_in:
+            return True
+        inner = next((n for n in body.node if source in n.output), None)
+        return inner is None and source in constants and bool(constants[source].reshape(-1)[0])  # type: ignore[attr-defined]
     if producer.op_type == "Constant" and producer.attribute and producer.attribute[0].name == "value":
         return bool(numpy_helper.to_array(producer.attribute[0].t).reshape(-1)[0])
     return False

@@ -19,12 +19,14 @@ from autofuse.workload import prepare
 F = TensorProto.FLOAT
 
 
-def loop_model(opset: int, trips: int | None = 4, with_if: bool = False) -> onnx.ModelProto:
+def loop_model(opset: int, trips: int | None = 4, with_if: bool = False, outer_cond: bool = False) -> onnx.ModelProto:
     """v <- tanh(v * w + i) four times, v's values stacked as a scan output; the condition is
-    passed on through an Identity. `with_if`: the body adds an If's result that reads a body
-    value from inside its branches. `trips` None: the count is a graph input."""
+    passed on through an Identity (`outer_cond`: of a constant true of the enclosing graph, as
+    TorchScript's exporter writes a `for i in range(x.shape[0])`). `with_if`: the body adds an
+    If's result that reads a body value from inside its branches. `trips` None: the count is a
+    graph input."""
     body_nodes = [
-        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Identity", ["true" if outer_cond else "cond_in"], ["cond_out"]),
         helper.make_node("Cast", ["i"], ["fi"], to=F),
         helper.make_node("Mul", ["v", "w"], ["vw"]),
         helper.make_node("Add", ["vw", "fi"], ["pre"]),
@@ -54,15 +56,16 @@ def loop_model(opset: int, trips: int | None = 4, with_if: bool = False) -> onnx
     else:
         inits.append(numpy_helper.from_array(np.array(trips, np.int64), "m"))
     loop = helper.make_node("Loop", ["m", "cond", "x"], ["v_final", "vs"], body=body)
-    graph = helper.make_graph([loop], "loop", inputs,
+    true = helper.make_node("Constant", [], ["true"], value=numpy_helper.from_array(np.array(True)))
+    graph = helper.make_graph([true, loop], "loop", inputs,
                               [helper.make_tensor_value_info("v_final", F, [2, 3]),
                                helper.make_tensor_value_info("vs", F, [trips or 4, 2, 3])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-@pytest.mark.parametrize("opset", [11, 17])
-def test_unrolled_loops_match_onnxruntime(tmp_path, opset):
-    model = loop_model(opset)
+@pytest.mark.parametrize("opset,outer_cond", [(11, False), (17, False), (17, True)])
+def test_unrolled_loops_match_onnxruntime(tmp_path, opset, outer_cond):
+    model = loop_model(opset, outer_cond=outer_cond)
     unrolled, count = onnx_loop.unroll(model)
     assert count == 1 and not any(n.op_type == "Loop" for n in unrolled.graph.node)
     onnx.checker.check_model(unrolled)
@@ -98,3 +101,12 @@ def onnx_input(name: str):
     from autofuse.importer import InputSpec
 
     return InputSpec(name, (2, 3), "float32") if name == "x" else InputSpec(name, (), "int64")
+
+
+def test_a_loop_whose_condition_is_computed_stays():
+    # a while loop in disguise: its condition depends on the iteration, so its count is not known
+    model = loop_model(17)
+    body = model.graph.node[1].attribute[0].g
+    body.node[0].CopyFrom(helper.make_node("Less", ["i", "three"], ["cond_out"]))
+    body.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "three"))
+    assert onnx_loop.unroll(model) == (model, 0)
