@@ -239,10 +239,14 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         notes.append(f"{rewritten} quantized operator(s) in QOperator form rewritten as QDQ (float between "
                      "DequantizeLinear and QuantizeLinear)")
     model, unrolled = onnx_loop.unroll(model)
-    if unrolled:
-        notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
     if simplify:
         model = _simplify(model, specs, notes)
+        # a count read from an input's shape (`range(x.shape[0])` exported with a dynamic
+        # axis) is a constant once onnxslim has folded the fixed shapes
+        model, more = onnx_loop.unroll(model)
+        unrolled += more
+    if unrolled:
+        notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
     missing = unsupported_ops(model)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -110,3 +110,28 @@ def test_a_loop_whose_condition_is_computed_stays():
     body.node[0].CopyFrom(helper.make_node("Less", ["i", "three"], ["cond_out"]))
     body.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "three"))
     assert onnx_loop.unroll(model) == (model, 0)
+
+
+def test_a_count_read_from_a_fixed_input_shape_is_unrolled_after_simplification(tmp_path):
+    # `for i in range(x.shape[0])` exported with a dynamic first axis: Shape -> Gather -> Loop
+    from autofuse import apply
+    from autofuse import build
+    from autofuse.importer import random_inputs
+
+    model = loop_model(17, trips=2)
+    graph = model.graph
+    del graph.initializer[1]  # the constant count
+    graph.node.insert(0, helper.make_node("Shape", ["x"], ["shape"]))
+    graph.node.insert(1, helper.make_node("Gather", ["shape", "zero"], ["m"], axis=0))
+    graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+    graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    path = tmp_path / "loop.onnx"
+    onnx.save(model, path)
+    assert onnx_loop.unroll(model)[1] == 0  # not before the shapes are fixed
+    w = prepare(path, [onnx_input("x")])
+    assert "1 Loop node(s) with a constant trip count unrolled" in w.loaded.notes
+    target = build.make_target("llvm")
+    feeds = random_inputs(w.inputs)
+    got = build.run(build.build(apply.apply_plan(w.mod, w.graph, w.unfused()), target), build.device_for(target), feeds)
+    for g, r in zip(got, run_onnxruntime(model, w.inputs, feeds)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
