@@ -163,13 +163,14 @@ def tune(
             result = make(config).finalize()
         agreement = _onnxruntime_agreement(w, m) if not build_only else None
     if as_json:
-        print(json.dumps({**result.summary, "import_notes": w.loaded.notes, "onnxruntime_check": agreement}, indent=1))
+        summary = {**result.summary, "import_notes": w.loaded.notes, "onnxruntime_check": agreement}
+        print(json.dumps(summary, indent=1))
     else:
         _print_summary(result.summary)
     if agreement and agreement.get("match") is False:
-        err.print(f"autofuse: warning: the imported model differs from onnxruntime by up to {agreement['max_diff']:.2e} "
-                  "on random inputs, beyond tolerance: TVM's ONNX frontend may convert an operator differently "
-                  "(plans are validated against the imported model)", soft_wrap=True)
+        err.print(f"autofuse: warning: the imported model differs from onnxruntime by up to "
+                  f"{agreement['max_diff']:.2e} on random inputs, beyond tolerance: TVM's ONNX frontend may "
+                  "convert an operator differently (plans are validated against the imported model)", soft_wrap=True)
     m = result.best_measurement
     if m.status not in ("ok", "built"):  # the job ran; no plan of the model works on this target
         err.print(f"autofuse: error: no plan of {w.name} built and ran correctly on {target} "

@@ -1,16 +1,16 @@
 """onnxruntime's com.microsoft operators that its transformer optimizer writes, as Relax ops.
 
 Models published already optimised for onnxruntime (BERT-like exports run through
-`onnxruntime.transformers.optimizer`) hold contrib operators: Gelu, FastGelu, BiasGelu,
-QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
-SimplifiedLayerNormalization (an RMS norm that onnxruntime registers in the ONNX domain),
-Attention (QKV in one weight), MultiHeadAttention, RotaryEmbedding, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which
-TVM's frontend converts. TVM's
-frontend dispatches on the operator's name alone, ignoring its domain, so a contrib node could
-meet a standard operator's converter of the same name (com.microsoft's RotaryEmbedding and
-Attention take other inputs than ONNX's). `tag` therefore renames each contrib node to
-"com.microsoft.<op>" before import, and only the names CONVERTERS holds are accepted.
-Each becomes what onnxruntime's contrib operator documentation says it computes.
+`onnxruntime.transformers.optimizer`, 4-bit LLM and encoder exports) hold contrib operators:
+Gelu, FastGelu, BiasGelu, QuickGelu, FusedMatMul, SkipLayerNormalization,
+SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (an RMS norm that onnxruntime
+registers in the ONNX domain), Attention (QKV in one weight), MultiHeadAttention,
+RotaryEmbedding, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which TVM's frontend
+converts itself. TVM's frontend dispatches on the operator's name alone, ignoring its domain,
+so a contrib node could meet a standard operator's converter of the same name (com.microsoft's
+RotaryEmbedding and Attention take other inputs than ONNX's). `tag` therefore renames each
+contrib node to "com.microsoft.<op>" before import, and only the names CONVERTERS holds are
+accepted. Each becomes what onnxruntime's contrib operator documentation says it computes.
 """
 
 from __future__ import annotations
@@ -71,9 +71,10 @@ def _fast_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -
     bias = optional_input(inputs, 1, params)
     if bias is not None:
         x = bb.emit(relax.op.add(x, bias))
-    inner = relax.op.multiply(relax.op.add(x, relax.op.multiply(_c(0.044715, x), relax.op.multiply(x, relax.op.multiply(x, x)))),
-                              _c(math.sqrt(2 / math.pi), x))
-    return bb.emit(relax.op.multiply(relax.op.multiply(x, _c(0.5, x)), relax.op.add(relax.op.tanh(inner), _c(1.0, x))))
+    cube = relax.op.multiply(x, relax.op.multiply(x, x))
+    inner = relax.op.multiply(relax.op.add(x, relax.op.multiply(_c(0.044715, x), cube)), _c(math.sqrt(2 / math.pi), x))
+    half_x = relax.op.multiply(x, _c(0.5, x))
+    return bb.emit(relax.op.multiply(half_x, relax.op.add(relax.op.tanh(inner), _c(1.0, x))))
 
 
 def _quick_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -237,8 +238,8 @@ def _multi_head_attention(bb: relax.BlockBuilder, inputs: list, attr: dict, para
         q, k, v = (bb.emit(relax.op.add(t, relax.op.strided_slice(bias, [0], [int(lo)], [int(hi)])))
                    for t, lo, hi in zip((q, k, v), starts[:-1], starts[1:]))
     heads = int(attr["num_heads"])
-    return _attend(bb, heads_first(bb, q, heads), heads_first(bb, k, heads), heads_first(bb, v, heads), mask, attention_bias, attr,
-                   "MultiHeadAttention")
+    q, k, v = (heads_first(bb, t, heads) for t in (q, k, v))
+    return _attend(bb, q, k, v, mask, attention_bias, attr, "MultiHeadAttention")
 
 
 def _rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:

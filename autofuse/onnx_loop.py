@@ -35,7 +35,8 @@ def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         constants = _constants(out.graph)
         nodes, changed = [], False
         for k, node in enumerate(out.graph.node):
-            unrolled = _unrolled(node, constants, f"{node.name or 'loop'}{k}", opset) if node.op_type == "Loop" else None
+            is_loop = node.op_type == "Loop"
+            unrolled = _unrolled(node, constants, f"{node.name or 'loop'}{k}", opset) if is_loop else None
             if unrolled is None:
                 nodes.append(node)
             else:
@@ -138,7 +139,8 @@ def _always_true(body: onnx.GraphProto, constants: dict[str, object]) -> bool:
         if source == cond_in:
             return True
         inner = next((n for n in body.node if source in n.output), None)
-        return inner is None and source in constants and bool(constants[source].reshape(-1)[0])  # type: ignore[attr-defined]
+        value = constants.get(source) if inner is None else None
+        return value is not None and bool(value.reshape(-1)[0])  # type: ignore[attr-defined]
     if producer.op_type == "Constant" and producer.attribute and producer.attribute[0].name == "value":
         return bool(numpy_helper.to_array(producer.attribute[0].t).reshape(-1)[0])
     return False

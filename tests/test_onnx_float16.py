@@ -30,7 +30,8 @@ def half_model(subgraph: bool = False) -> onnx.ModelProto:
         helper.make_node("Tanh", ["y"], ["t"]),
         helper.make_node("Cast", ["t"], ["t32"], to=TensorProto.FLOAT),
         helper.make_node("Cast", ["t32"], ["t16"], to=H),
-        helper.make_node("ConstantOfShape", ["shape"], ["one"], value=numpy_helper.from_array(np.array([1], np.float16))),
+        helper.make_node("ConstantOfShape", ["shape"], ["one"],
+                         value=numpy_helper.from_array(np.array([1], np.float16))),
         helper.make_node("Add", ["t16", "one"], ["z"]),
     ]
     if subgraph:  # an If whose branches hold a float16 constant and read an input from outside

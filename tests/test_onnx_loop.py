@@ -44,10 +44,10 @@ def loop_model(opset: int, trips: int | None = 4, with_if: bool = False, outer_c
     body_nodes.append(helper.make_node("Identity", ["v_next"], ["scan"]))
     body = helper.make_graph(
         body_nodes, "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v", F, [2, 3])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_next", F, [2, 3]),
-         helper.make_tensor_value_info("scan", F, [2, 3])],
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []), helper.make_tensor_value_info("v", F, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_next", F, [2, 3]), helper.make_tensor_value_info("scan", F, [2, 3])],
         [numpy_helper.from_array(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "w")])
     inputs = [helper.make_tensor_value_info("x", F, [2, 3])]
     inits = [numpy_helper.from_array(np.array(True), "cond")]
