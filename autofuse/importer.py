@@ -9,6 +9,7 @@ operator) raise ModelError with a one-line message.
 
 from __future__ import annotations
 
+import functools
 import runpy
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from tvm import relax
 
 from autofuse import onnx_attention
 from autofuse import onnx_composites
+from autofuse import onnx_constants
 from autofuse import onnx_contrib
 from autofuse import onnx_converters
 from autofuse import onnx_dft
@@ -201,22 +203,29 @@ _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CO
                **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS}
 
 
-def unsupported_ops(model: onnx.ModelProto) -> list[str]:
-    """Nodes TVM's ONNX frontend has no converter for, as 'name (OpType, domain opset N)'."""
+@functools.cache
+def _stock_ops() -> frozenset[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    supported = set(_get_convert_map()) | set(_CONVERTERS) | {"Constant", "If"}
+    return frozenset(_get_convert_map()) | {"Constant", "If"}
+
+
+def _converts(node: onnx.NodeProto) -> bool:
+    """Whether TVM's ONNX frontend, with autofuse's converters, has a converter for `node`."""
+    if node.domain == onnx_contrib.DOMAIN:
+        return f"{node.domain}.{node.op_type}" in _CONVERTERS
+    return (node.op_type in _stock_ops() or node.op_type in _CONVERTERS) and node.domain in ("", "ai.onnx")
+
+
+def unsupported_ops(model: onnx.ModelProto) -> list[str]:
+    """Nodes TVM's ONNX frontend has no converter for, as 'name (OpType, domain opset N)'."""
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     statistics = onnx_contrib.read_statistics(model)
     out = []
     for k, node in enumerate(model.graph.node):
-        if node.domain == onnx_contrib.DOMAIN:
-            known = f"{node.domain}.{node.op_type}" in supported
-        else:
-            known = node.op_type in supported and node.domain in ("", "ai.onnx")
         if k in statistics:
             out.append(f"{node.name or '<unnamed>'} ({node.op_type} whose mean/inv_std_var outputs are read)")
-        elif not known:
+        elif not _converts(node):
             domain = node.domain or "ai.onnx"
             out.append(f"{node.name or '<unnamed>'} ({node.op_type}, {domain} opset {opsets.get(domain, '?')})")
     return out
@@ -247,6 +256,11 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         unrolled += more
     if unrolled:
         notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
+    for _ in range(len(model.graph.node)):  # a folded value can make the next node's inputs constant
+        model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
+        if not folded:
+            break
+        notes.append(f"{folded} node(s) TVM has no converter for evaluated at import (constant inputs)")
     missing = unsupported_ops(model)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

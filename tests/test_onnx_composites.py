@@ -12,8 +12,10 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx_import import import_and_run
 
+from autofuse.importer import ModelError
 from autofuse.importer import run_onnxruntime
 from autofuse.importer import unsupported_ops
+from autofuse.workload import prepare
 
 F = TensorProto.FLOAT
 
@@ -143,3 +145,30 @@ def test_bench_reports_a_model_onnxruntime_cannot_run(tmp_path):
     rows = {r["name"]: r for r in json.loads(result.stdout)["results"]}
     assert rows["tvm_default"]["status"] == "ok" and rows["tvm_default"]["median_s"] > 0
     assert rows["onnxruntime"]["status"] == "error" and "NOT_IMPLEMENTED" in rows["onnxruntime"]["error"]
+
+
+def test_operators_without_converters_are_evaluated_where_their_inputs_are_constants(tmp_path):
+    """A spectrogram's mel filter bank (MelWeightMatrix over fixed sizes) is a constant: evaluated
+    at import, the model imports; with an input that is not constant it is named unsupported."""
+    ints = {name: numpy_helper.from_array(np.array(v, np.int64), name)
+            for name, v in (("bins", 8), ("dft", 32), ("rate", 16000))}
+    floats = {name: numpy_helper.from_array(np.array(v, np.float32), name) for name, v in (("lo", 0.0), ("hi", 8000.0))}
+    mel = helper.make_node("MelWeightMatrix", ["bins", "dft", "rate", "lo", "hi"], ["mel"])
+    graph = helper.make_graph([mel, helper.make_node("MatMul", ["x", "mel"], ["y"])], "mel",
+                              [helper.make_tensor_value_info("x", F, [4, 17])],
+                              [helper.make_tensor_value_info("y", F, [4, 8])],
+                              [*ints.values(), *floats.values()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert unsupported_ops(model) == ["<unnamed> (MelWeightMatrix, ai.onnx opset 17)"]
+    w, feeds, got = import_and_run(model, tmp_path)
+    assert "1 node(s) TVM has no converter for evaluated at import (constant inputs)" in w.loaded.notes
+    np.testing.assert_allclose(got[0], run_onnxruntime(model, w.inputs, feeds)[0], rtol=1e-5, atol=1e-6)
+    # the bin count as a graph input: nothing to evaluate, the operator is named
+    del model.graph.initializer[0]  # "bins"
+    model.graph.input.append(helper.make_tensor_value_info("bins", TensorProto.INT64, []))
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(model, path)
+    from autofuse.importer import InputSpec
+
+    with pytest.raises(ModelError, match="MelWeightMatrix"):
+        prepare(path, [InputSpec("bins", (), "int64")], simplify=False)
