@@ -152,21 +152,21 @@ class DLightWithFallback:
         bind = tirx.transform.BindTarget(target.with_host(target.host or "llvm"))
         lower = lambda m: pipeline(bind(m))  # noqa: E731 - TIR's passes, no code generation
         out = mod.clone()
-        for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
-                continue
-            for rule in rules:
-                try:
-                    with _refusals_unrendered():
-                        one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
-                except Exception:  # the rule cannot schedule this kernel: try the next one
+        with _refusals_unrendered():
+            for gv, func in mod.functions.items():
+                if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
                     continue
-                scheduled = one[gv.name_hint]
-                if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs and _lowers(gv, scheduled, lower):
-                    out[gv] = scheduled
-                    break
-            else:
-                raise ValueError(f"no DLight rule schedules kernel {gv.name_hint} for the GPU")
+                for rule in rules:
+                    try:
+                        one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
+                    except Exception:  # the rule cannot schedule this kernel: try the next one
+                        continue
+                    scheduled = one[gv.name_hint]
+                    if scheduled.attrs and SCHEDULED_ATTR in scheduled.attrs and _lowers(gv, scheduled, lower):
+                        out[gv] = scheduled
+                        break
+                else:
+                    raise ValueError(f"no DLight rule schedules kernel {gv.name_hint} for the GPU")
         return out
 
 

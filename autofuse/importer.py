@@ -256,10 +256,8 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         unrolled += more
     if unrolled:
         notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
-    for _ in range(len(model.graph.node)):  # a folded value can make the next node's inputs constant
-        model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
-        if not folded:
-            break
+    model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
+    if folded:
         notes.append(f"{folded} node(s) TVM has no converter for evaluated at import (constant inputs)")
     missing = unsupported_ops(model)
     if missing:

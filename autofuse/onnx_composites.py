@@ -13,35 +13,33 @@ import numpy as np
 from tvm import relax
 
 from autofuse.onnx_converters import array_const
+from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
 
-def _c(value: float, like: relax.Expr) -> relax.Constant:
-    return relax.const(value, str(like.ty.dtype))
-
-
-def _swish(bb: relax.BlockBuilder, x: relax.Expr, alpha: float) -> relax.Expr:
+def swish(bb: relax.BlockBuilder, x: relax.Expr, alpha: float) -> relax.Expr:
     """x * sigmoid(alpha x)."""
-    gate = x if alpha == 1.0 else bb.emit(relax.op.multiply(x, _c(alpha, x)))
+    gate = x if alpha == 1.0 else bb.emit(relax.op.multiply(x, const_like(alpha, x)))
     return bb.emit(relax.op.multiply(x, relax.op.sigmoid(gate)))
 
 
 def _celu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
     x, alpha = inputs[0], float(attr.get("alpha", 1.0))
-    neg = relax.op.multiply(relax.op.subtract(relax.op.exp(relax.op.divide(x, _c(alpha, x))), _c(1.0, x)), _c(alpha, x))
-    return bb.emit(relax.op.add(relax.op.maximum(x, _c(0.0, x)), relax.op.minimum(neg, _c(0.0, x))))
+    below = relax.op.subtract(relax.op.exp(relax.op.divide(x, const_like(alpha, x))), const_like(1.0, x))
+    neg = relax.op.multiply(below, const_like(alpha, x))
+    return bb.emit(relax.op.add(relax.op.maximum(x, const_like(0.0, x)), relax.op.minimum(neg, const_like(0.0, x))))
 
 
 def _swish_op(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    return _swish(bb, inputs[0], float(attr.get("alpha", 1.0)))
+    return swish(bb, inputs[0], float(attr.get("alpha", 1.0)))
 
 
 def _swiglu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    return bb.emit(relax.op.multiply(_swish(bb, inputs[0], float(attr.get("alpha", 1.0))), inputs[1]))
+    return bb.emit(relax.op.multiply(swish(bb, inputs[0], float(attr.get("alpha", 1.0))), inputs[1]))
 
 
 def _lp_normalization(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -53,7 +51,7 @@ def _lp_normalization(bb: relax.BlockBuilder, inputs: list, attr: dict, params: 
         norm = bb.emit(relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True))
     else:
         norm = bb.emit(relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True)))
-    safe = relax.op.where(relax.op.equal(norm, _c(0.0, norm)), _c(1.0, norm), norm)
+    safe = relax.op.where(relax.op.equal(norm, const_like(0.0, norm)), const_like(1.0, norm), norm)
     return bb.emit(relax.op.divide(x, safe))
 
 

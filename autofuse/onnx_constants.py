@@ -16,49 +16,57 @@ from onnx import helper
 from onnx import numpy_helper
 
 
-def fold(model: onnx.ModelProto, unsupported: Callable[[onnx.NodeProto], bool]) -> tuple[onnx.ModelProto, int]:
-    """`model` with each top-level node that `unsupported` flags and whose inputs are all
-    constants replaced by its values, and how many; the model itself where there are none."""
-    known = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The values `graph` fixes, by name: its initializers and its Constant nodes' tensors."""
+    known = {t.name: t for t in graph.initializer}
+    for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             known[node.output[0]] = node.attribute[0].t
-    todo = [k for k, n in enumerate(model.graph.node)
-            if unsupported(n) and all(not i or i in known for i in n.input) and not _has_subgraph(n)]
-    if not todo:
-        return model, 0
-    from onnx.reference import ReferenceEvaluator
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = list(out.graph.node)
-    folded = 0
-    opsets = list(out.opset_import)
-    for k in todo:
-        node = nodes[k]
-        names = [i for i in node.input if i]
-        graph = helper.make_graph(
-            [node], "fold", [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output],
-            [_renamed(known[i], i) for i in dict.fromkeys(names)])
-        try:
-            values = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets)).run(None, {})
-        except Exception:  # the reference has no such operator either: left for the importer to name
-            continue
-        nodes[k] = [helper.make_node("Constant", [], [o], name=f"{node.name or node.op_type}__folded{j}",
-                                     value=numpy_helper.from_array(v, o))
-                    for j, (o, v) in enumerate(zip(node.output, values)) if o]
-        folded += 1
-    del out.graph.node[:]
-    for n in nodes:
-        out.graph.node.extend(n if isinstance(n, list) else [n])
-    return out, folded
+    return known
 
 
-def _renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
+def renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
     copy = onnx.TensorProto()
     copy.CopyFrom(tensor)
     copy.name = name
     return copy
+
+
+def fold(model: onnx.ModelProto, unsupported: Callable[[onnx.NodeProto], bool]) -> tuple[onnx.ModelProto, int]:
+    """`model` with each top-level node that `unsupported` flags and whose inputs are all
+    constants replaced by its values, and how many; the model itself where there are none.
+    One pass in the graph's (topological) order: a folded value counts as a constant for the
+    nodes after it."""
+    from onnx.reference import ReferenceEvaluator
+
+    known = constant_tensors(model.graph)
+    nodes: list[onnx.NodeProto] = []
+    folded = 0
+    for node in model.graph.node:
+        inputs = [i for i in node.input if i]
+        if not unsupported(node) or _has_subgraph(node) or not all(i in known for i in inputs):
+            nodes.append(node)
+            continue
+        outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output]
+        graph = helper.make_graph([node], "fold", [], outputs, [renamed(known[i], i) for i in dict.fromkeys(inputs)])
+        try:
+            values = ReferenceEvaluator(helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
+        except Exception:  # the reference has no such operator either: left for the importer to name
+            nodes.append(node)
+            continue
+        for j, (name, value) in enumerate(zip(node.output, values)):
+            if name:
+                known[name] = numpy_helper.from_array(value, name)
+                nodes.append(helper.make_node("Constant", [], [name], name=f"{node.name or node.op_type}__folded{j}",
+                                              value=known[name]))
+        folded += 1
+    if not folded:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, folded
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:

@@ -22,7 +22,9 @@ import onnx
 from tvm import relax
 
 from autofuse.onnx_composites import rotary_embedding
+from autofuse.onnx_composites import swish
 from autofuse.onnx_converters import array_const
+from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import heads_first
 from autofuse.onnx_converters import is_const
@@ -47,40 +49,21 @@ def tag(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, count
 
 
-def _c(value: float, like: relax.Expr) -> relax.Constant:
-    return relax.const(value, str(like.ty.dtype))
-
-
-def _erf_gelu(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
-    """0.5 x (1 + erf(x / sqrt 2))."""
-    erf = relax.op.erf(relax.op.multiply(x, _c(1 / math.sqrt(2), x)))
-    return bb.emit(relax.op.multiply(relax.op.multiply(x, _c(0.5, x)), relax.op.add(erf, _c(1.0, x))))
-
-
 def _gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    return _erf_gelu(bb, inputs[0])
-
-
-def _bias_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    return _erf_gelu(bb, bb.emit(relax.op.add(inputs[0], inputs[1])))
+    """Gelu, or BiasGelu's gelu(A + B): erf's GELU, which normalisation spells out (VectorMath)."""
+    x = inputs[0] if len(inputs) < 2 else bb.emit(relax.op.add(inputs[0], inputs[1]))
+    return bb.emit(relax.op.nn.gelu(x))
 
 
 def _fast_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the optional bias added first."""
-    x = inputs[0]
-    bias = optional_input(inputs, 1, params)
-    if bias is not None:
-        x = bb.emit(relax.op.add(x, bias))
-    cube = relax.op.multiply(x, relax.op.multiply(x, x))
-    inner = relax.op.multiply(relax.op.add(x, relax.op.multiply(_c(0.044715, x), cube)), _c(math.sqrt(2 / math.pi), x))
-    half_x = relax.op.multiply(x, _c(0.5, x))
-    return bb.emit(relax.op.multiply(half_x, relax.op.add(relax.op.tanh(inner), _c(1.0, x))))
+    """tanh's GELU, the optional bias added first."""
+    x, bias = inputs[0], optional_input(inputs, 1, params)
+    return bb.emit(relax.op.nn.gelu_tanh(x if bias is None else bb.emit(relax.op.add(x, bias))))
 
 
 def _quick_gelu(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """x sigmoid(alpha x) (CLIP's activation)."""
-    x = inputs[0]
-    return bb.emit(relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(x, _c(float(attr.get("alpha", 1.702)), x)))))
+    """x sigmoid(alpha x) (CLIP's activation): ONNX's Swish with another default alpha."""
+    return swish(bb, inputs[0], float(attr.get("alpha", 1.702)))
 
 
 def _swap_last(x: relax.Expr) -> relax.Expr:
@@ -99,14 +82,7 @@ def _fused_matmul(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list
         b = bb.emit(_swap_last(b))
     y = bb.emit(relax.op.matmul(a, b))
     alpha = float(attr.get("alpha", 1.0))
-    return y if alpha == 1.0 else bb.emit(relax.op.multiply(y, _c(alpha, y)))
-
-
-def _rms_norm(bb: relax.BlockBuilder, x: relax.Expr, scale: relax.Expr, eps: float, axis: int = -1) -> relax.Expr:
-    """x / sqrt(mean(x^2) + eps) * scale over the axes from `axis` on."""
-    axes = list(range(axis % x.ty.ndim, x.ty.ndim))
-    ms = relax.op.mean(relax.op.multiply(x, x), axis=axes, keepdims=True)
-    return bb.emit(relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(ms, _c(eps, x)))), scale))
+    return y if alpha == 1.0 else bb.emit(relax.op.multiply(y, const_like(alpha, y)))
 
 
 def _skip_sum(bb: relax.BlockBuilder, inputs: list, params: list, bias_at: int) -> relax.Expr:
@@ -115,15 +91,15 @@ def _skip_sum(bb: relax.BlockBuilder, inputs: list, params: list, bias_at: int) 
     return x if bias is None else bb.emit(relax.op.add(x, bias))
 
 
-def _with_sum(y: relax.Expr, total: relax.Expr, attr: dict) -> relax.Expr:
-    """Output 0 alone, or with (mean, inv_std_var, input_skip_bias_sum) after it: the
-    statistics are training outputs that nothing reads (`read_statistics` refuses a model
-    where something does), so zeros stand in for them."""
+def _with_statistics(y: relax.Expr, attr: dict, total: relax.Expr | None = None) -> relax.Expr:
+    """Output 0 alone, or with (mean, inv_std_var[, input_skip_bias_sum]) after it, as many as
+    the node has: the statistics are training outputs that nothing reads (`read_statistics`
+    refuses a model where something does), so zeros stand in for them."""
     outputs = int(attr["tvm_custom"].get("num_outputs", 1))
     if outputs == 1:
         return y
-    none = relax.const(0.0, str(y.ty.dtype))
-    return relax.Tuple([y, none, none, total][:outputs])
+    zero = relax.const(0.0, str(y.ty.dtype))
+    return relax.Tuple([y, zero, zero, total][:outputs])
 
 
 def _skip_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -133,21 +109,21 @@ def _skip_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: l
     if beta is None:
         beta = relax.op.zeros_like(gamma)
     y = bb.emit(relax.op.nn.layer_norm(total, gamma, beta, axes=-1, epsilon=float(attr.get("epsilon", 1e-12))))
-    return _with_sum(y, total, attr)
+    return _with_statistics(y, attr, total)
 
 
 def _skip_simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """RMSNorm(input + skip + bias) * gamma."""
     total = _skip_sum(bb, inputs, params, 3)
-    return _with_sum(_rms_norm(bb, total, inputs[2], float(attr.get("epsilon", 1e-12))), total, attr)
+    y = bb.emit(relax.op.nn.rms_norm(total, inputs[2], axes=-1, epsilon=float(attr.get("epsilon", 1e-12))))
+    return _with_statistics(y, attr, total)
 
 
 def _simplified_layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    axis = int(attr.get("axis", -1))
-    y = _rms_norm(bb, inputs[0], inputs[1], float(attr.get("epsilon", 1e-5)), axis)
-    if int(attr["tvm_custom"].get("num_outputs", 1)) == 1:
-        return y
-    return relax.Tuple([y, relax.const(0.0, str(y.ty.dtype))])  # inv_std_var, unread (see _with_sum)
+    """ONNX's RMSNormalization (opset 23), which onnxruntime had first under this name."""
+    from tvm.relax.frontend.onnx.onnx_frontend import RMSNormalization
+
+    return _with_statistics(bb.normalize(RMSNormalization._impl_v23(bb, inputs, attr, params)), attr)
 
 
 # outputs the normalisations above do not compute: statistics kept for training
@@ -311,7 +287,7 @@ def _stock(op: str) -> type:
 # onnxruntime registers SimplifiedLayerNormalization in the ONNX domain: it keeps its name
 CONVERTERS: dict[str, type] = {
     f"{DOMAIN}.Gelu": converter("Gelu", {1: _gelu}),
-    f"{DOMAIN}.BiasGelu": converter("BiasGelu", {1: _bias_gelu}),
+    f"{DOMAIN}.BiasGelu": converter("BiasGelu", {1: _gelu}),
     f"{DOMAIN}.FastGelu": converter("FastGelu", {1: _fast_gelu}),
     f"{DOMAIN}.QuickGelu": converter("QuickGelu", {1: _quick_gelu}),
     f"{DOMAIN}.FusedMatMul": converter("FusedMatMul", {1: _fused_matmul}),

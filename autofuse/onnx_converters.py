@@ -23,6 +23,11 @@ def array_const(value: np.ndarray) -> relax.Constant:
     return relax.const(value, str(value.dtype))
 
 
+def const_like(value: float, like: relax.Expr) -> relax.Constant:
+    """A scalar constant of `like`'s dtype (a coefficient in an expression on `like`)."""
+    return relax.const(value, str(like.ty.dtype))
+
+
 def is_const(expr: relax.Expr | None) -> bool:
     return isinstance(expr, tvm.ir.expr.GenericConst)
 

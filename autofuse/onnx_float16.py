@@ -32,27 +32,7 @@ _TYPE_ATTRS = ("to", "dtype", "output_dtype")
 
 def half_types(model: onnx.ModelProto) -> set[str]:
     """The half-precision types `model` declares anywhere (tensors, types, Cast targets)."""
-    found: set[int] = set()
-
-    def graph(g: onnx.GraphProto) -> None:
-        for t in list(g.initializer):
-            found.add(t.data_type)
-        for v in list(g.input) + list(g.output) + list(g.value_info):
-            found.add(v.type.tensor_type.elem_type)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.INT and a.name in _TYPE_ATTRS:
-                    found.add(a.i)
-                elif a.type == onnx.AttributeProto.TENSOR:
-                    found.add(a.t.data_type)
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    graph(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        graph(sub)
-
-    graph(model.graph)
-    return {HALF[t] for t in found if t in HALF}
+    return {HALF[t] for t in _halves(model.graph, retype=False)}
 
 
 def upcast(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
@@ -62,31 +42,39 @@ def upcast(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
         return model, halves
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    g = out.graph
-    _retype_graph(g)
-    _keep_interface(g, model.graph)
+    _halves(out.graph, retype=True)
+    _keep_interface(out.graph, model.graph)
     return out, halves
 
 
-def _retype_graph(g: onnx.GraphProto) -> None:
+def _halves(g: onnx.GraphProto, retype: bool) -> set[int]:
+    """The half element types `g` and its subgraphs declare (initializers, value types, tensor
+    attributes, Cast/dtype attributes); with `retype`, each of them made float32 on the way."""
+    found: set[int] = set()
     for i, t in enumerate(g.initializer):
         if t.data_type in HALF:
-            g.initializer[i].CopyFrom(_float32_tensor(t))
+            found.add(t.data_type)
+            if retype:
+                g.initializer[i].CopyFrom(_float32_tensor(t))
     for v in list(g.input) + list(g.output) + list(g.value_info):
         tt = v.type.tensor_type
         if tt.elem_type in HALF:
-            tt.elem_type = TensorProto.FLOAT
+            found.add(tt.elem_type)
+            if retype:
+                tt.elem_type = TensorProto.FLOAT
     for node in g.node:
         for a in node.attribute:
             if a.type == onnx.AttributeProto.INT and a.name in _TYPE_ATTRS and a.i in HALF:
-                a.i = TensorProto.FLOAT
+                found.add(a.i)
+                if retype:
+                    a.i = TensorProto.FLOAT
             elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in HALF:
-                a.t.CopyFrom(_float32_tensor(a.t))
-            elif a.type == onnx.AttributeProto.GRAPH:
-                _retype_graph(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sub in a.graphs:
-                    _retype_graph(sub)
+                found.add(a.t.data_type)
+                if retype:
+                    a.t.CopyFrom(_float32_tensor(a.t))
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                found |= _halves(sub, retype)
+    return found
 
 
 def _float32_tensor(t: onnx.TensorProto) -> onnx.TensorProto:

@@ -16,6 +16,8 @@ import onnx
 from onnx import helper
 from onnx import numpy_helper
 
+from autofuse.onnx_constants import constant_tensors
+from autofuse.onnx_constants import renamed
 from autofuse.onnx_rewrite import rename_inputs
 
 MAX_TRIPS = 256
@@ -32,7 +34,7 @@ def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 1)
     count = 0
     for _ in range(MAX_TRIPS):  # a Loop inside a body surfaces when its parent is unrolled
-        constants = _constants(out.graph)
+        constants = constant_tensors(out.graph)
         nodes, changed = [], False
         for k, node in enumerate(out.graph.node):
             is_loop = node.op_type == "Loop"
@@ -50,34 +52,29 @@ def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, count
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, object]:
-    """Values the graph fixes: initializers and Constant nodes' tensors."""
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
+def _value(constants: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
+    """The first element of constant `name` (a trip count, a condition), None if not constant."""
+    return numpy_helper.to_array(constants[name]).reshape(-1)[0] if name in constants else None
 
 
 def _unrolled(
-    loop: onnx.NodeProto, constants: dict[str, object], tag: str, opset: int
+    loop: onnx.NodeProto, constants: dict[str, onnx.TensorProto], tag: str, opset: int
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]] | None:
     """The nodes and initializers replacing `loop`, or None where it cannot be unrolled."""
     body = next(a.g for a in loop.attribute if a.name == "body")
-    trips = constants.get(loop.input[0]) if loop.input[0] else None
-    cond = constants.get(loop.input[1]) if len(loop.input) > 1 and loop.input[1] else True
+    trips = _value(constants, loop.input[0])
+    cond = _value(constants, loop.input[1]) if len(loop.input) > 1 and loop.input[1] else True
     if trips is None or cond is None or not bool(cond):
         return None
-    trips = int(trips.reshape(-1)[0])  # type: ignore[attr-defined]
+    trips = int(trips)
     carried = list(loop.input[2:])
-    scans = len(body.output) - 1 - len(carried)
+    n_carried = len(carried)
+    scans = len(body.output) - 1 - n_carried
     if not 0 < trips <= MAX_TRIPS or trips * len(body.node) > MAX_UNROLLED_NODES or not _always_true(body, constants):
         return None
     nodes: list[onnx.NodeProto] = []
-    inits = []
     shared = {t.name: f"{tag}__{t.name}" for t in body.initializer}  # the body's weights, once for all
-    for t in body.initializer:
-        inits.append(numpy_helper.from_array(numpy_helper.to_array(t), shared[t.name]))
+    inits = [renamed(t, shared[t.name]) for t in body.initializer]
     stacked: list[list[str]] = [[] for _ in range(scans)]
     for i in range(trips):
         prefix = f"{tag}__it{i}__"
@@ -100,14 +97,14 @@ def _unrolled(
             rename_inputs(copy, names)
             nodes.append(copy)
         outputs = [names.get(o.name, o.name) for o in body.output]
-        carried = outputs[1:1 + len(carried)]
+        carried = outputs[1:1 + n_carried]
         for k in range(scans):
-            stacked[k].append(outputs[1 + len(loop.input[2:]) + k])
+            stacked[k].append(outputs[1 + n_carried + k])
     finals = list(loop.output)
     for name, value in zip(finals, carried):
         if name:
             nodes.append(helper.make_node("Identity", [value], [name], name=f"{tag}__{name}"))
-    for k, name in enumerate(finals[len(carried):]):
+    for k, name in enumerate(finals[n_carried:]):
         if not name:
             continue
         rows = []
@@ -124,23 +121,17 @@ def _unrolled(
     return nodes, inits
 
 
-def _always_true(body: onnx.GraphProto, constants: dict[str, object]) -> bool:
-    """Whether the body's condition output is its condition input passed on, or a constant true
-    (made in the body, or read from the enclosing graph as TorchScript's export does)."""
-    cond_in, cond_out = body.input[1].name, body.output[0].name
-    if cond_out == cond_in:
+def _always_true(body: onnx.GraphProto, constants: dict[str, onnx.TensorProto]) -> bool:
+    """Whether the body's condition output is, through Identity nodes, its condition input
+    passed on or a constant true (made in the body, or read from the enclosing graph as
+    TorchScript's export does)."""
+    cond_in, name = body.input[1].name, body.output[0].name
+    producers = {o: n for n in body.node for o in n.output}
+    while name in producers and producers[name].op_type == "Identity":
+        name = producers[name].input[0]
+    if name == cond_in:
         return True
-    producer = next((n for n in body.node if cond_out in n.output), None)
-    if producer is None:
-        value = constants.get(cond_out)
-        return value is not None and bool(value.reshape(-1)[0])  # type: ignore[attr-defined]
-    if producer.op_type == "Identity":
-        source = producer.input[0]
-        if source == cond_in:
-            return True
-        inner = next((n for n in body.node if source in n.output), None)
-        value = constants.get(source) if inner is None else None
-        return value is not None and bool(value.reshape(-1)[0])  # type: ignore[attr-defined]
-    if producer.op_type == "Constant" and producer.attribute and producer.attribute[0].name == "value":
-        return bool(numpy_helper.to_array(producer.attribute[0].t).reshape(-1)[0])
-    return False
+    if name in producers and producers[name].op_type != "Constant":  # computed in the body
+        return False
+    value = _value({**constants, **constant_tensors(body)}, name)
+    return value is not None and bool(value)
