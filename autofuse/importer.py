@@ -27,10 +27,12 @@ from autofuse import onnx_composites
 from autofuse import onnx_constants
 from autofuse import onnx_contrib
 from autofuse import onnx_converters
+from autofuse import onnx_corrections
 from autofuse import onnx_dft
 from autofuse import onnx_float16
 from autofuse import onnx_loop
 from autofuse import onnx_qlinear
+from autofuse import onnx_resize
 from autofuse import onnx_rnn
 
 DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
@@ -198,9 +200,10 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
     return tuple(specs)
 
 
-# operators TVM's frontend lacks, converted by autofuse
+# operators TVM's frontend lacks, and stock converters corrected (onnx_resize, onnx_corrections)
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
-               **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS}
+               **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS, **onnx_resize.CONVERTERS,
+               **onnx_corrections.CONVERTERS}
 
 
 @functools.cache

@@ -4,7 +4,8 @@ TVM's Relax ONNX frontend has no DFT converter, so a model with a Fourier transf
 mixing, a spectrogram front end) would not import. With shapes fixed, the length N along the
 transformed axis is known and the transform is a linear map: each output frequency k is
 sum_t x[t] * exp(-+2*pi*i*t*k/L). Written over interleaved (real, imaginary) pairs it is one
-real matmul by a constant (2N x 2M) matrix (N x 2M for real input), which the kernels schedule
+real matmul by a constant (2N x 2M) matrix (N x 2M for real input; 2N x L for an inverse of a
+one-sided spectrum, numpy's irfft, a vocoder's last step), which the kernels schedule
 like any projection with constant weights; no complex type, no new kernel. O(N^2) work against
 an FFT's O(N log N), which pays at the lengths models transform along a hidden or token axis
 (hundreds); a matrix over MAX_MATRIX_BYTES is refused with a one-line error instead. STFT
@@ -48,6 +49,20 @@ def dft_matrix(n: int, length: int, onesided: bool, inverse: bool, complex_input
     return w.reshape(n * (2 if complex_input else 1), m * 2)
 
 
+def irfft_matrix(n: int, length: int) -> np.ndarray:
+    """The real matrix W with [X_re, X_im interleaved over n one-sided bins] @ W = x (`length`
+    real samples), numpy's irfft: bins past length // 2 dropped, missing ones zero, each bin
+    between the first and the Nyquist one counted twice (its mirror), their imaginary parts
+    (and those of the first and Nyquist bins) as the Hermitian spectrum implies."""
+    k = np.arange(min(n, length // 2 + 1), dtype=np.int64)[:, None]
+    t = np.arange(length, dtype=np.int64)[None, :]
+    angle = 2 * np.pi * ((t * k) % length) / length
+    twice = np.where((k == 0) | (2 * k == length), 1.0, 2.0) / length
+    w = np.zeros((n, 2, length))
+    w[: len(k), 0], w[: len(k), 1] = twice * np.cos(angle), -twice * np.sin(angle)
+    return w.reshape(2 * n, length)
+
+
 def _error(name: str, problem: str, op: str = "DFT") -> ValueError:
     return ValueError(f"{op} node {name!r}: {problem}")
 
@@ -86,21 +101,25 @@ def _convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, def
     axis %= rank
     onesided, inverse = bool(int(attr.get("onesided", 0))), bool(int(attr.get("inverse", 0)))
     complex_input = shape[-1] == 2
-    if onesided and (inverse or complex_input):
-        raise _error(name, "onesided output is supported for a forward transform of a real input only")
+    if onesided and inverse != complex_input:
+        raise _error(name, "onesided is a forward transform of a real input or an inverse one of a complex input")
     n = shape[axis]
-    length = n if length is None else length
+    length = (2 * (n - 1) if onesided and inverse else n) if length is None else length
     if length < 1:
         raise _error(name, f"dft_length {length} is not positive")
     dtype = str(x.ty.dtype)
-    w = _checked_size(dft_matrix(n, length, onesided, inverse, complex_input), dtype, name, length, "DFT")
+    # an inverse one-sided transform (irfft) gives `length` real samples, a last axis of 1
+    irfft = onesided and inverse
+    matrix = irfft_matrix(n, length) if irfft else dft_matrix(n, length, onesided, inverse, complex_input)
+    w = _checked_size(matrix, dtype, name, length, "DFT")
+    width = 1 if irfft else 2
     # the transformed axis and the (real, imaginary) axis last, flattened together
     perm = [d for d in range(rank - 1) if d != axis] + [axis, rank - 1]
     moved = x if perm == list(range(rank)) else bb.emit(relax.op.permute_dims(x, perm))
     lead = [shape[d] for d in perm[:-2]]
     flat = bb.emit(relax.op.reshape(moved, [*lead, w.shape[0]]))
     y = bb.emit(relax.op.matmul(flat, array_const(w)))
-    y = bb.emit(relax.op.reshape(y, [*lead, w.shape[1] // 2, 2]))
+    y = bb.emit(relax.op.reshape(y, [*lead, w.shape[1] // width, width]))
     if perm == list(range(rank)):
         return y
     return bb.emit(relax.op.permute_dims(y, [int(p) for p in np.argsort(perm)]))

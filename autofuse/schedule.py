@@ -647,8 +647,10 @@ def _gemm_tiles(
     others = [lp for k, lp in enumerate(s_loops[:-1]) if k != row]
     ext_i, ext_j = _extent(sch, i), _extent(sch, j)
     width = _lane_width(sch, block, s_vars[-1], ext_j, lanes)
+    image_row = None
     if width is None and ext_j is not None and others and row != len(s_loops) - 2:
         # small images (4x4, 8x8 feature maps): vectorise over the fused image rows and columns
+        image_row = ext_j
         j = sch.fuse(others.pop(), j)
         ext_j = _extent(sch, j)
         width = _vector_width(ext_j, lanes)
@@ -662,6 +664,13 @@ def _gemm_tiles(
         ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
     else:
         ti, tv = _tile_shape(ext_i, vectors, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]), fused_rows)
+    if image_row is not None and _straddles(tv * width, image_row):
+        # a column tile over fused image rows must hold whole rows or lie within one: its
+        # write-back covers a box of whole image rows, outputs it never computed included (a
+        # 6x6 transposed convolution's 4-pixel tiles wrote garbage over their neighbours')
+        if _straddles(width, image_row):
+            return None
+        tv = 1
     tj = tv * width
     copies_in: list = []
     copies_out: list = []
@@ -723,6 +732,11 @@ def _gemm_tiles(
         sch.reverse_compute_at(copy, par)
         _vectorize_inner(sch, copy, width)
     return par
+
+
+def _straddles(tile: int, row: int) -> bool:
+    """Whether tiles of `tile` elements along rows of `row` elements cross a row's end."""
+    return tile % row != 0 and row % tile != 0
 
 
 def _stream_tiles(

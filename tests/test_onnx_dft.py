@@ -16,6 +16,7 @@ from autofuse.importer import ModelError
 from autofuse.importer import run_onnxruntime
 from autofuse.importer import unsupported_ops
 from autofuse.onnx_dft import dft_matrix
+from autofuse.onnx_dft import irfft_matrix
 from autofuse.workload import prepare
 
 
@@ -105,12 +106,16 @@ def test_dft_matrix_is_the_transform():
         np.testing.assert_allclose(got[:, 0] + 1j * got[:, 1], want, atol=1e-12)
     got = (x.real @ dft_matrix(7, 7, onesided=True, inverse=False, complex_input=False)).reshape(-1, 2)
     np.testing.assert_allclose(got[:, 0] + 1j * got[:, 1], np.fft.rfft(x.real), atol=1e-12)
+    for length in (12, 11, 6, 15):  # irfft: even and odd lengths, bins dropped or zero padded
+        spectrum = rng.standard_normal(7) + 1j * rng.standard_normal(7)
+        pairs = np.stack([spectrum.real, spectrum.imag], -1).reshape(-1)
+        np.testing.assert_allclose(pairs @ irfft_matrix(7, length), np.fft.irfft(spectrum, n=length), atol=1e-12)
 
 
 @pytest.mark.parametrize(
     "case, problem",
     [
-        (dict(shape=(2, 8, 6, 1), axis=1, inverse=1, onesided=1), "onesided output is supported for a forward"),
+        (dict(shape=(2, 8, 6, 1), axis=1, inverse=1, onesided=1), "onesided is a forward transform of a real input"),
         (dict(shape=(2, 8, 6, 1), axis_as_graph_input=True), "axis is not a constant"),
         (dict(shape=(2, 8, 6, 3), axis=1), r"input shape \[2, 8, 6, 3\] has no last axis of 1"),
         (dict(shape=(1, 20000, 1), axis=1), "needs a 20000x40000 matrix, over 256 MiB"),

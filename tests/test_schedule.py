@@ -403,7 +403,28 @@ def _odd_kernels():
                 R.output(y)
             return y
 
+    @I.ir_module
+    class Conv3d:  # NCDHW stays as it is: register tiles over fused 10-pixel image rows
+        @R.function
+        def main(x: R.Tensor((1, 3, 4, 10, 10), "float32"), w: R.Tensor((8, 3, 1, 3, 3), "float32")) -> R.Tensor((1, 8, 4, 10, 10), "float32"):
+            with R.dataflow():
+                y = R.nn.conv3d(x, w, padding=[0, 1, 1, 0, 1, 1])
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class TransposedConv:  # NCHW, 6-pixel rows, padded on one side (ONNX's SAME_UPPER)
+        @R.function
+        def main(x: R.Tensor((1, 1, 3, 3), "float32"), w: R.Tensor((1, 2, 3, 3), "float32")) -> R.Tensor((1, 2, 6, 6), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d_transpose(x, w, strides=2, padding=[0, 0, 1, 1])
+                R.output(y)
+            return y
+
     return {"grouped_conv": GroupedConv, "window_reverse": WindowReverse,
+            # a column tile over fused image rows straddled two rows (conv3d: 4 of 10 pixels) and
+            # its write-back covered both whole: outputs off by up to 19
+            "conv3d": Conv3d, "transposed_conv": TransposedConv,
             "softmax197": _softmax((1, 4, 197, 197)),  # a prime row length, four heads
             "one_vector_rows": _softmax((8, 16)),  # a row exactly one vector long: nothing to split off
             "attention": _attention(4, 32), "attention17": _attention(4, 17),  # ViT's 17 tokens

@@ -1,0 +1,88 @@
+"""Stock converters corrected by autofuse.onnx_corrections, against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+from onnx_import import import_and_run
+
+from autofuse.importer import run_onnxruntime
+
+F = TensorProto.FLOAT
+
+
+def model(nodes: list, inputs: dict[str, tuple], outputs: list[str], opset: int, consts: dict | None = None,
+          out_type: int = F) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, F, list(s)) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, out_type, None) for n in outputs],
+        [numpy_helper.from_array(v, n) for n, v in (consts or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def check(m: onnx.ModelProto, tmp_path, feeds: list | None = None) -> list:
+    tmp_path.mkdir(exist_ok=True)
+    w, feeds, got = import_and_run(m, tmp_path, feeds=feeds)
+    want = run_onnxruntime(m, w.inputs, feeds)
+    assert len(got) == len(want)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    return got
+
+
+@pytest.mark.parametrize("attrs", [
+    {"output_shape": [10, 8], "strides": [3, 2]},  # one row and column past the natural output
+    {"output_shape": [6, 6], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    {"output_shape": [5, 5], "strides": [2, 2], "auto_pad": "SAME_LOWER"},
+])
+def test_conv_transpose_output_shape(tmp_path, attrs):
+    w = np.random.default_rng(1).standard_normal((2, 3, 3, 3)).astype("float32")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)
+    check(model([node], {"x": (1, 2, 3, 3)}, ["y"], 17, {"w": w}), tmp_path)
+
+
+def test_layer_normalization_statistics(tmp_path):
+    g, b = (np.random.default_rng(k).standard_normal(6).astype("float32") for k in (2, 3))
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv_std"], axis=-1, epsilon=1e-3)
+    got = check(model([node], {"x": (2, 5, 6)}, ["y", "mean", "inv_std"], 17, {"g": g, "b": b}), tmp_path)
+    assert got[1].shape == (2, 5, 1)
+
+
+@pytest.mark.parametrize("negative,positive", [(1, 0), (0, 1)])
+def test_isinf_sides(tmp_path, negative, positive):
+    node = helper.make_node("IsInf", ["x"], ["y"], detect_negative=negative, detect_positive=positive)
+    x = np.array([[-np.inf, np.inf, 1.0, -2.0, np.nan, np.inf]], "float32")
+    check(model([node], {"x": (1, 6)}, ["y"], 20, out_type=TensorProto.BOOL), tmp_path, feeds=[x])
+
+
+def test_pow_with_an_integer_exponent(tmp_path):
+    node = helper.make_node("Pow", ["x", "e"], ["y"])
+    check(model([node], {"x": (3, 4)}, ["y"], 15, {"e": np.array(3, "int64")}), tmp_path)
+
+
+def test_sum_between_convolutions_is_pairwise_adds_in_channels_last(tmp_path):
+    """Caffe2's ResNet-50 writes its residual adds as Sum: stacked and reduced, ConvertLayout
+    refused it ("Invalid SLayout"); as adds it stays NHWC between the convolutions."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((8, 8, 3, 3)).astype("float32") * 0.1 for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["a", "b", "x"], ["s"]),
+             helper.make_node("Mean", ["a", "s"], ["m"]),
+             helper.make_node("Max", ["m", "b"], ["c"]),
+             helper.make_node("Conv", ["c", "w1"], ["y"], pads=[1, 1, 1, 1])]
+    m = model(nodes, {"x": (1, 8, 6, 6)}, ["y"], 13, {"w1": w1, "w2": w2})
+    check(m, tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    w, _, _ = import_and_run(m, tmp_path)
+    assert not any("stack" in n.op for n in w.graph.nodes)
+    # every transpose is of the model's NCHW input or to its NCHW output: the adds between
+    # the convolutions run channels-last
+    nchw = [n for n in w.graph.nodes if "transpose" in n.op]
+    assert all(n.shape in ((1, 6, 6, 8), (1, 8, 6, 6)) for n in nchw)
+    assert sum(n.shape == (1, 8, 6, 6) for n in nchw) == 1, [(n.op, n.shape) for n in w.graph.nodes]
