@@ -1530,8 +1530,12 @@ def _reads_elementwise(
     """Whether `block` reads `producer`'s output one element at a time at plain iterators. An
     epilogue that permutes it (Swin's window reverse: reshape, transpose, reshape inlined after
     a matmul) reads rows other tiles compute, and TIR's reverse_compute_at then places it inside
-    the tile anyway (wrong results, seen on Swin): such an epilogue stays a nest of its own."""
+    the tile anyway (wrong results, seen on Swin): such an epilogue stays a nest of its own.
+    So does one that writes more than it reads of `producer` (a concatenation of its output and
+    another tensor): placed in the tile, it would write only the part the tile covers, the
+    other inputs' never (YOLOv8's convolution -> SiLU -> concat, fused: garbage channels)."""
     written = [w.source for w in sch.get(producer).writes]
+    extents = {iv.var: iv.dom.extent for iv in sch.get(block).iter_vars}
     for region in sch.get(block).reads:
         if any(region.source.same_as(w) for w in written):
             for rng, dim in zip(region.region, region.source.shape):
@@ -1539,6 +1543,10 @@ def _reads_elementwise(
                 unit_axis = isinstance(dim, tirx.IntImm) and int(dim) == 1  # batch 1: any index
                 if not one or not (isinstance(rng.min, tirx.Var) or unit_axis):
                     return False
+                extent = next((e for v, e in extents.items() if v.same_as(rng.min)), None)
+                if not unit_axis and not (isinstance(extent, tirx.IntImm) and isinstance(dim, tirx.IntImm)
+                                          and int(extent) == int(dim)):
+                    return False  # the iterator runs past the producer's axis: a concatenation
     return True
 
 

@@ -454,6 +454,43 @@ def test_odd_kernels_schedule_to_the_same_numbers(case):
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+def test_a_concatenation_after_a_tiled_convolution_is_not_computed_in_its_tiles():
+    """YOLOv8's block: 1x1 conv -> SiLU (kept) -> 3x3 stride-2 conv -> SiLU -> concat with
+    another tensor, fused into one kernel. Attached to the second convolution's tiles, the
+    concatenation wrote only the channels a tile computes, the other tensor's never (garbage
+    channels, caught as a wrong result by the tuner's check)."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    from autofuse.plan import FusionPlan
+    from autofuse.workload import prepare
+
+    @I.ir_module
+    class Block:
+        @R.function
+        def main(x: R.Tensor((1, 32, 20, 20), "float32"), w1: R.Tensor((32, 32, 1, 1), "float32"),
+                 w2: R.Tensor((32, 32, 3, 3), "float32"), z: R.Tensor((1, 64, 10, 10), "float32")):
+            with R.dataflow():
+                c1 = R.nn.conv2d(x, w1)
+                s1 = R.multiply(c1, R.sigmoid(c1))
+                c2 = R.nn.conv2d(s1, w2, strides=2, padding=1)
+                y = R.concat([R.multiply(c2, R.sigmoid(c2)), z], axis=1)
+                out = (s1, y)
+                R.output(out)
+            return out
+
+    w = prepare(Block)
+    body = tuple(n.id for n in w.graph.nodes if "transpose" not in n.op)
+    rest = [(n.id,) for n in w.graph.nodes if "transpose" in n.op]
+    plan = FusionPlan.from_groups([body, *rest], "block")
+    fused = apply.apply_plan(w.mod, w.graph, plan)
+    feeds = random_inputs(w.inputs)
+    target = build.make_target("llvm")
+    want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_convolution_vectorises_within_a_group():
     # 16 output channels in groups of 8: a 16-lane vector would gather input channels from two
     # groups; 8 lanes read one broadcast input value each
