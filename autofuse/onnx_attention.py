@@ -144,15 +144,21 @@ def _bias(
         shape = static_shape(mask)
         if shape is None or not shape:
             raise _error(name, "attn_mask needs a static shape")
-        if str(mask.ty.dtype) == "bool":
-            mask = bb.emit(relax.op.where(mask, zero, neg))
-        elif str(mask.ty.dtype) != dtype:
-            mask = bb.emit(relax.op.astype(mask, dtype))
-        if shape[-1] < window.total:
-            pad = array_const(np.full([*shape[:-1], window.total - shape[-1]], -np.inf, dtype))
-            mask = bb.emit(relax.op.concat([mask, pad], axis=-1))
+        padding = np.full([*shape[:-1], window.total - shape[-1]], -np.inf, dtype)
+        if is_const(mask):  # computed here: no guard is left in the model where no row is masked
+            value = mask.value.numpy()
+            value = np.where(value, 0.0, -np.inf) if value.dtype == np.bool_ else value
+            known = np.concatenate([value.astype(dtype), padding], axis=-1)
+            mask = array_const(known)
+        else:
+            if str(mask.ty.dtype) == "bool":
+                mask = bb.emit(relax.op.where(mask, zero, neg))
+            elif str(mask.ty.dtype) != dtype:
+                mask = bb.emit(relax.op.astype(mask, dtype))
+            if padding.size:
+                mask = bb.emit(relax.op.concat([mask, array_const(padding)], axis=-1))
+            known = None
         bias = mask
-        known = mask.value.numpy() if is_const(mask) else None
     if nonpad is None:
         if window.bounded:
             allowed = window.allowed(window.past)
