@@ -164,10 +164,6 @@ def _first_line(err: BaseException) -> str:
     return text[-1] if text else type(err).__name__
 
 
-def _onnx_dtype(elem_type: int) -> str:
-    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-
-
 def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
     inits = {i.name for i in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in inits]
@@ -179,7 +175,7 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
     specs = []
     for inp in graph_inputs:
         ttype = inp.type.tensor_type
-        dtype = _onnx_dtype(ttype.elem_type)
+        dtype = onnx_converters.element_dtype(ttype.elem_type)
         if inp.name in by_name:
             spec = by_name[inp.name]
             if len(spec.shape) != len(ttype.shape.dim):

@@ -15,6 +15,7 @@ operator pass (scripts/onnx_conformance.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,14 +23,11 @@ from tvm import relax
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import element_dtype
 from autofuse.onnx_converters import heads_first
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
-
-# ONNX TensorProto element types a softmax_precision attribute may name
-_PRECISION = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
-
 
 def _error(name: str, problem: str) -> ValueError:
     return ValueError(f"Attention node {name!r}: {problem}")
@@ -78,7 +76,8 @@ def _convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> 
                     int(attr.get("right_window_size", -1)), q_len, total, past)
     bias, masked_rows = _bias(bb, mask, window, nonpad, dtype, name)
     scores = qk if bias is None else bb.emit(relax.op.add(qk, bias))
-    precision = _PRECISION.get(int(attr.get("softmax_precision", 0)), dtype)
+    code = int(attr.get("softmax_precision", 0))  # an ONNX element type; 0: the inputs' own
+    precision = element_dtype(code) if code else dtype
     cast = scores if precision == dtype else bb.emit(relax.op.astype(scores, precision))
     probs = bb.emit(relax.op.nn.softmax(cast, axis=-1))
     if masked_rows is not None:  # a row no key may attend to gives zeros, not NaN
@@ -113,17 +112,21 @@ class Window:
     total: int
     past: int
 
-    def allowed(self, offset: np.ndarray | int) -> np.ndarray:
-        """[..., q_len, total] booleans for an offset (past) per batch ([batch, 1, 1, 1]) or one."""
-        diff = np.arange(self.q_len)[:, None] + offset - np.arange(self.total)[None, :]
-        ok = np.ones(np.shape(diff), bool)
-        if self.causal:
-            ok &= diff >= 0
+    def bounds(self, diff: object, at_least: Callable, at_most: Callable) -> list:
+        """The conditions on diff = the query's position - the key's: `at_least(diff, n)` and
+        `at_most(diff, n)` are numpy's comparisons, or Relax's where the offset is known at run
+        time only."""
+        out = [at_least(diff, 0)] if self.causal else []
         if self.left >= 0:
-            ok &= diff <= self.left
+            out.append(at_most(diff, self.left))
         if self.right >= 0:
-            ok &= -diff <= self.right
-        return ok
+            out.append(at_least(diff, -self.right))
+        return out
+
+    def allowed(self) -> np.ndarray:
+        """[q_len, total] booleans, the queries sitting after `past` keys."""
+        diff = np.arange(self.q_len)[:, None] + self.past - np.arange(self.total)[None, :]
+        return np.logical_and.reduce([np.ones(diff.shape, bool), *self.bounds(diff, np.greater_equal, np.less_equal)])
 
     @property
     def bounded(self) -> bool:
@@ -161,7 +164,7 @@ def _bias(
         bias = mask
     if nonpad is None:
         if window.bounded:
-            allowed = window.allowed(window.past)
+            allowed = window.allowed()
             bound = np.where(allowed, 0.0, -np.inf).astype(dtype)
             bias = array_const(bound) if bias is None else bb.emit(relax.op.add(bias, array_const(bound)))
             known = None if known is None else known + bound
@@ -173,7 +176,9 @@ def _bias(
             rows = array_const(np.arange(window.q_len, dtype="int64").reshape(1, 1, -1, 1))
             diff = bb.emit(relax.op.subtract(relax.op.add(rows, relax.op.subtract(lengths, relax.const(
                 window.q_len, "int64"))), keys))
-            for ok in _bounds(window, diff):
+            at_least = lambda d, n: relax.op.greater_equal(d, relax.const(n, "int64"))  # noqa: E731
+            at_most = lambda d, n: relax.op.less_equal(d, relax.const(n, "int64"))  # noqa: E731
+            for ok in window.bounds(diff, at_least, at_most):
                 allowed = bb.emit(relax.op.logical_and(allowed, bb.emit(ok)))
         bound = bb.emit(relax.op.where(allowed, zero, neg))
         bias = bound if bias is None else bb.emit(relax.op.add(bias, bound))
@@ -186,18 +191,6 @@ def _bias(
     # max over the bias itself would not do: TVM's max starts from the type's lowest finite value
     open_ = bb.emit(relax.op.where(relax.op.equal(bias, neg), zero, relax.const(1.0, dtype)))
     return bias, bb.emit(relax.op.equal(relax.op.max(open_, axis=-1, keepdims=True), zero))
-
-
-def _bounds(window: Window, diff: relax.Expr) -> list[relax.Expr]:
-    """`Window.allowed`'s conditions on a [batch, 1, q, total] int64 `diff` (row + offset - key)."""
-    out = []
-    if window.causal:
-        out.append(relax.op.greater_equal(diff, relax.const(0, "int64")))
-    if window.left >= 0:
-        out.append(relax.op.less_equal(diff, relax.const(window.left, "int64")))
-    if window.right >= 0:
-        out.append(relax.op.greater_equal(diff, relax.const(-window.right, "int64")))
-    return out
 
 
 # ai.onnx's operator from opset 23 (com.microsoft's Attention, which the stock converter

@@ -28,6 +28,18 @@ def const_like(value: float, like: relax.Expr) -> relax.Constant:
     return relax.const(value, str(like.ty.dtype))
 
 
+def text(value: bytes | str) -> str:
+    """A string attribute as the frontend hands it over (bytes) or as a default (str)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def element_dtype(code: int) -> str:
+    """The dtype an ONNX TensorProto element type names (1 float32, 10 float16, 16 bfloat16...)."""
+    import onnx
+
+    return str(onnx.helper.tensor_dtype_to_np_dtype(code))
+
+
 def is_const(expr: relax.Expr | None) -> bool:
     return isinstance(expr, tvm.ir.expr.GenericConst)
 

@@ -20,18 +20,16 @@ from tvm import relax
 
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import element_dtype
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import static_shape
+from autofuse.onnx_converters import text
 
 
 def _stock(op: str) -> type:
     from tvm.relax.frontend.onnx import onnx_frontend
 
     return getattr(onnx_frontend, op)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _conv_transpose(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -52,7 +50,7 @@ def _conv_transpose(bb: relax.BlockBuilder, inputs: list, attr: dict, params: li
     kernel_shape = list(attr.get("kernel_shape", kernel[2:]))
     span = [strides[i] * (shape[i + 2] - 1) + out_pad[i] + (kernel_shape[i] - 1) * dilations[i] + 1
             for i in range(dims)]
-    auto_pad = _text(attr.get("auto_pad", "NOTSET"))
+    auto_pad = text(attr.get("auto_pad", "NOTSET"))
     fixed = {k: v for k, v in attr.items() if k not in ("output_shape", "auto_pad")}
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         total = [span[i] - wanted[i] for i in range(dims)]
@@ -80,7 +78,7 @@ def _layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) 
     x = inputs[0]
     rank = len(static_shape(x))  # type: ignore[arg-type]
     axes = list(range(int(attr.get("axis", -1)) % rank, rank))
-    stash = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}[int(attr.get("stash_type", 1))]
+    stash = element_dtype(int(attr.get("stash_type", 1)))
     xs = x if str(x.ty.dtype) == stash else bb.emit(relax.op.astype(x, stash))
     mean = bb.emit(relax.op.mean(xs, axis=axes, keepdims=True))
     centred = bb.emit(relax.op.subtract(xs, mean))
@@ -103,7 +101,7 @@ def _is_inf(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
 
 
 def _space_to_depth(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    if _text(attr.get("mode", "DCR")) == "DCR":
+    if text(attr.get("mode", "DCR")) == "DCR":
         return _stock("SpaceToDepth")._impl_v1(bb, inputs, attr, params)
     block = int(attr["blocksize"])
     b, c, h, w = static_shape(inputs[0])  # type: ignore[misc]

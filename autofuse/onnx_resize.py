@@ -28,11 +28,7 @@ from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
-
-
-def _text(attr: dict, name: str, default: str) -> str:
-    value = attr.get(name, default)
-    return value.decode() if isinstance(value, bytes) else str(value)
+from autofuse.onnx_converters import text
 
 
 def _values(expr: relax.Expr | None, what: str) -> np.ndarray | None:
@@ -174,14 +170,14 @@ def _resize(
 def _attributes(attr: dict, **fixed: object) -> dict:
     """Resize's attributes with ONNX's defaults (and the fixed semantics of older operators)."""
     out = {
-        "mode": _text(attr, "mode", "nearest"),
-        "coordinate_transformation_mode": _text(attr, "coordinate_transformation_mode", "half_pixel"),
-        "nearest_mode": _text(attr, "nearest_mode", "round_prefer_floor"),
+        "mode": text(attr.get("mode", "nearest")),
+        "coordinate_transformation_mode": text(attr.get("coordinate_transformation_mode", "half_pixel")),
+        "nearest_mode": text(attr.get("nearest_mode", "round_prefer_floor")),
         "cubic_coeff_a": float(attr.get("cubic_coeff_a", -0.75)),
         "exclude_outside": int(attr.get("exclude_outside", 0)),
         "extrapolation_value": float(attr.get("extrapolation_value", 0.0)),
         "antialias": int(attr.get("antialias", 0)),
-        "keep_aspect_ratio_policy": _text(attr, "keep_aspect_ratio_policy", "stretch"),
+        "keep_aspect_ratio_policy": text(attr.get("keep_aspect_ratio_policy", "stretch")),
         "axes": list(attr.get("axes", [])),
     }
     out.update(fixed)
@@ -203,7 +199,7 @@ def _asymmetric_floor(
     rounded down (onnxruntime's reading of these older operators)."""
     if scales is None:
         raise ValueError("Resize: the scales input must be a constant")
-    mode = _text(attr, "mode", "nearest")
+    mode = text(attr.get("mode", "nearest"))
     fixed = {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
              "mode": "linear" if mode == "bilinear" else mode}
     return _resize(bb, x, scales, None, None, _attributes({}, **fixed), params)

@@ -22,6 +22,7 @@ from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
+from autofuse.onnx_converters import text
 
 Activation = Callable[[relax.Expr], relax.Expr]
 
@@ -70,14 +71,10 @@ def _error(cell: _Cell, name: str, problem: str) -> ValueError:
 
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _parse(cell: _Cell, inputs: list, attr: dict, params: list) -> _Node:
     """The node's attributes, or a one-line error naming the node and what is unsupported."""
     name = str(attr["tvm_custom"]["name"] or "<unnamed>")
-    direction = _text(attr.get("direction", b"forward"))
+    direction = text(attr.get("direction", b"forward"))
     if direction not in _DIRECTIONS:
         raise _error(cell, name, f"unknown direction {direction!r}")
     dirs = _DIRECTIONS[direction]
@@ -87,7 +84,7 @@ def _parse(cell: _Cell, inputs: list, attr: dict, params: list) -> _Node:
     if cell is _LSTM and int(attr.get("input_forget", 0)):
         raise _error(cell, name, "input_forget=1 (coupled input and forget gates) is unsupported")
     n = len(cell.activations)
-    names = [_text(a) for a in attr.get("activations", ())] or list(cell.activations) * len(dirs)
+    names = [text(a) for a in attr.get("activations", ())] or list(cell.activations) * len(dirs)
     if len(names) == n and len(dirs) == 2:
         names *= 2  # one set given for both directions
     if len(names) != n * len(dirs):

@@ -29,3 +29,19 @@ def import_and_run(
     feeds = random_inputs(w.inputs) if feeds is None else feeds
     got: list[np.ndarray] = build.run(ex, build.device_for(target), feeds)
     return w, feeds, got
+
+
+def check_against_onnxruntime(model: onnx.ModelProto, tmp_path: Path, feeds: list | None = None,
+                              tol: float = 1e-5) -> tuple[Workload, list]:
+    """(workload, TVM's outputs) of `model`, each output checked against onnxruntime's on the
+    same inputs (shape, then values within `tol`)."""
+    from autofuse.importer import run_onnxruntime
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    w, feeds, got = import_and_run(model, tmp_path, feeds=feeds)
+    want = run_onnxruntime(model, w.inputs, feeds)
+    assert len(got) == len(want)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g.astype("float64"), e.astype("float64"), rtol=tol, atol=tol)
+    return w, got

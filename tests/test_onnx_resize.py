@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
+from onnx_import import check_against_onnxruntime as check
 from onnx_import import import_and_run
 
 from autofuse.importer import run_onnxruntime
@@ -32,12 +33,6 @@ def resize_model(shape: tuple[int, ...], opset: int, op: str = "Resize", dtype: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def check(model: onnx.ModelProto, tmp_path, feeds: list | None = None) -> tuple:
-    tmp_path.mkdir(exist_ok=True)
-    w, feeds, got = import_and_run(model, tmp_path, feeds=feeds)
-    want = run_onnxruntime(model, w.inputs, feeds)
-    np.testing.assert_allclose(got[0].astype("float64"), want[0].astype("float64"), rtol=1e-5, atol=1e-5)
-    return w, got
 
 
 def _ops(w) -> set[str]:
