@@ -469,6 +469,9 @@ PREFETCH_BURST = 8
 STREAM_MIN_TILES = 8
 CACHE_LINE = 64
 PREFETCH_ATTR = "autofuse_prefetch"
+# TVM's limit for putting a buffer on the stack (runtime::kMaxStackAlloca): a buffer of this
+# size or more, or not in global scope, is allocated from the workspace pool wherever it lives
+STACK_BYTES = 1024
 
 
 def accumulators(vector_bits: int) -> int:
@@ -708,16 +711,22 @@ def _gemm_tiles(
         sch.reorder(*order, *r_loops, ii, ji)
         reduce_top = r_loops[0]
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
+    # a streamed column's accumulators hold all its rows (see _stream_tiles): never stack-sized
+    scope = "local" if streamed is not None else _tile_scope(sch, block, ti * tj)
     par = sch.fuse(*order)
+    tile = par  # the loop over register tiles, where the accumulators and epilogues live
     if parallel:
+        run = _tile_run(_extent(sch, par)) if scope == "local" and streamed is None else 1
+        if run > 1:
+            par, tile = sch.split(par, [None, run])
         sch.parallel(par)
-    local = sch.cache_write(block, 0, "local")
+    local = sch.cache_write(block, 0, scope)
     if flat is not None and flat[0] >= 0:  # the accumulator of rows merged across an output parameter
         dtype = str(sch.get(block).iter_vars[0].var.ty.dtype)
         ndim = len(sch.get(local).iter_vars)
         sch.transform_layout(block, ("write", 0), _merge_map(flat[0], flat[1], ndim, dtype))
         sch.transform_block_layout(local, _merge_map(flat[0], flat[1], ndim, dtype))
-    sch.reverse_compute_at(local, par)
+    sch.reverse_compute_at(local, tile)
     sch.unroll(ii)
     if _slides_along_rows(sch, block, s_vars[row], s_vars[-1], r_loops[-1]):
         sch.unroll(r_loops[-1])
@@ -729,9 +738,33 @@ def _gemm_tiles(
     for copy in copies_in:  # the padded input: copied once, not by every column tile
         _schedule_spatial(sch, copy, sch.get_loops(copy), lanes)
     for copy in copies_out:  # each tile writes back its rows of the output
-        sch.reverse_compute_at(copy, par)
+        sch.reverse_compute_at(copy, tile)
         _vectorize_inner(sch, copy, width)
-    return par
+    return tile
+
+
+def _tile_scope(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, elements: int) -> str:
+    """The storage scope of a register tile's accumulator buffer. TVM's lowering puts a buffer
+    allocated inside a parallel loop on the stack only in global scope and under STACK_BYTES;
+    any other comes from the runtime's workspace pool, one call to allocate and one to free at
+    every tile, and its accumulators are stored to that memory at the tile's end. A tile under
+    the limit is global (an alloca LLVM keeps in registers: MobileNetV3's 112x112 1x1
+    convolution 16 -> 64 channels, 4x2 tiles over K = 16, 336 -> 144 us alone); a larger one
+    is local, so that its copy shares the allocation (see _tile_buffers_local)."""
+    dtype = tvm.DataType(str(sch.get(block).writes[0].source.dtype))
+    return "global" if elements * dtype.bits // 8 < STACK_BYTES else "local"
+
+
+def _tile_run(tiles: int | None) -> int:
+    """Register tiles run one after the other in each parallel iteration, where a tile's
+    accumulators come from the workspace pool (see _tile_scope): TIR then allocates them once
+    per iteration, not once per tile (MobileNetV3's 112x112 1x1 convolution with its 4x2 tiles
+    forced into the pool: 396 -> 199 us alone; on the stack 150 us). At most 16 tiles, a
+    divisor of the tile count (a partial run would be predicated), and at least 32 iterations
+    left for the threads to share out."""
+    if not tiles:
+        return 1
+    return max((r for r in range(1, 17) if tiles % r == 0 and tiles // r >= 32), default=1)
 
 
 def _straddles(tile: int, row: int) -> bool:
@@ -1247,11 +1280,11 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
 
 def _tile_buffers_local(sch: s_tir.Schedule, anchors: dict[str, s_tir.schedule.LoopRV]) -> None:
     """Buffers written and read only inside one parallel tile (the copy of a register tile's
-    accumulator its epilogue reads) in local scope. TIR shrinks them to the tile either way, but
-    a buffer of 1 KiB or more inside a parallel loop (an 8x32 float tile: AVX-512's 8x2 vectors)
-    comes from the runtime's workspace pool at every iteration; in local scope TIR's storage
-    rewrite gives the copy the accumulator's own storage, one allocation per tile instead of two.
-    ResNet-50's 56x56 1x1 convolution + residual add 1.13x alone, warm and cold."""
+    accumulator its epilogue reads) in local scope, where the accumulator is local (a tile of
+    STACK_BYTES or more, see _tile_scope). TIR shrinks them to the tile either way, but such a
+    buffer comes from the runtime's workspace pool; in local scope TIR's storage rewrite gives
+    the copy the accumulator's own storage, one allocation instead of two. ResNet-50's 56x56
+    1x1 convolution + residual add 1.13x alone, warm and cold (AVX-512's 8x2 tiles)."""
     params = list(sch.mod["main"].params)  # buffers, in TVM 0.27
     for name, par in anchors.items():
         block = sch.get_sblock(name)
@@ -1263,7 +1296,9 @@ def _tile_buffers_local(sch: s_tir.Schedule, anchors: dict[str, s_tir.schedule.L
             continue
         loop = sch.get(par)
         inside = lambda b: any(sch.get(lp).same_as(loop) for lp in sch.get_loops(b))  # noqa: E731
-        if inside(block) and all(inside(c) for c in sch.get_consumers(block)):
+        # only where the tile's accumulator is local itself: global ones are on the stack
+        local_input = any(r.source.scope() == "local" for r in sch.get(block).reads)
+        if local_input and inside(block) and all(inside(c) for c in sch.get_consumers(block)):
             sch.set_scope(block, 0, "local")
 
 
