@@ -9,12 +9,14 @@ TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Orde
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
+
 import tvm
 from tvm import relax
 
@@ -65,10 +67,17 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     if _calls_op(mod, "relax.nn.conv2d") or _calls_op(mod, "relax.nn.conv1d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
-        mod = relax.transform.ConvertLayout(
-            {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
-             "relax.nn.conv1d": ["NWC", "WIO"]}
-        )(mod)
+        try:
+            mod = relax.transform.ConvertLayout(
+                {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
+                 "relax.nn.conv1d": ["NWC", "WIO"]}
+            )(mod)
+        except Exception as err:  # noqa: BLE001 - any failure of TVM's pass: keep the layout
+            # channels-first is slower, not wrong: a 1-D conv net exported by torch 2.14's dynamo
+            # exporter (GroupNorm as reshape -> InstanceNormalization -> reshape) made the pass
+            # fail with std::bad_alloc, and the model did not import at all
+            warnings.warn(f"channels-last layout not applied ({str(err).splitlines()[0][:120]}); "
+                          "convolutions stay channels-first", stacklevel=2)
     # after the layout change: FastMathTransform emits its polynomials as TIR calls, which
     # ConvertLayout cannot see through (a transpose each side of every SiLU between convolutions)
     mod = tvm.transform.Sequential(

@@ -306,3 +306,30 @@ def test_1d_convolutions_compute_whole_register_tiles_of_positions(length, posit
             whole = any(computed % t == 0 for t in range(4, 9))
             assert ("T.where" in schedule_cpu(func, 16, 16).script()) != whole
     _assert_computes_as_legalized(normal, mod, rng.standard_normal((1, 16, length)).astype("float32"), 1e-4)
+
+
+def test_a_layout_pass_failure_keeps_the_model_channels_first(monkeypatch, tmp_path):
+    # torch 2.14's dynamo export of a 1-D conv net made ConvertLayout fail (std::bad_alloc) and
+    # the model did not import; now it warns, keeps NCW and still computes the same numbers
+    from autofuse.apply import apply_plan
+    from autofuse.importer import random_inputs
+    from autofuse.models import conv_block
+    from autofuse.workload import prepare
+
+    def failing(_layouts):
+        raise tvm.error.InternalError("std::bad_alloc")
+
+    import onnx
+
+    path = tmp_path / "conv_block.onnx"
+    onnx.save(conv_block(), path)
+    reference = prepare(path)
+    monkeypatch.setattr(relax.transform, "ConvertLayout", failing)
+    with pytest.warns(UserWarning, match="channels-last layout not applied"):
+        kept = prepare(path)
+    assert "conv2d_nchw" in kept.mod.script() and "conv2d_nchw" not in reference.mod.script()
+    target = build.make_target("llvm")
+    feeds = random_inputs(reference.inputs)
+    want, got = (build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), target), tvm.cpu(), feeds)
+                 for w in (reference, kept))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
