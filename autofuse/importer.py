@@ -121,7 +121,7 @@ def _load_tvmscript(path: Path, inputs: Sequence[InputSpec]) -> LoadedModel:
     try:
         namespace = runpy.run_path(str(path))
     except Exception as err:
-        raise ModelError(f"{path}: TVMScript failed to load: {_first_line(err)}") from None
+        raise ModelError(f"{path}: TVMScript failed to load: {error_line(err)}") from None
     mods = [v for v in namespace.values() if isinstance(v, tvm.IRModule)]
     if not mods:
         raise ModelError(f"{path}: defines no IRModule (decorate a class with @I.ir_module)")
@@ -159,7 +159,9 @@ def module_inputs(mod: tvm.IRModule, given: Sequence[InputSpec]) -> tuple[InputS
     return tuple(specs)
 
 
-def _first_line(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
+    """The line of an error worth one line of output: the last (TVM puts its message after the
+    traceback), or the error's type where it has no text."""
     text = str(err).strip().splitlines()
     return text[-1] if text else type(err).__name__
 
@@ -236,7 +238,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         if not model.graph.node:
             raise ValueError("graph has no nodes")
     except Exception as err:
-        raise ModelError(f"{path} is not a valid ONNX model: {_first_line(err)}") from None
+        raise ModelError(f"{path} is not a valid ONNX model: {error_line(err)}") from None
     specs = _onnx_inputs(model, given)
     notes: list[str] = []
     try:
@@ -278,7 +280,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
                 keep_params_in_input=False,
             )
     except Exception as err:
-        raise ModelError(f"{path}: TVM's ONNX frontend failed: {_first_line(err)}") from None
+        raise ModelError(f"{path}: TVM's ONNX frontend failed: {error_line(err)}") from None
     upcast_from = min(halves) if halves else None
     return LoadedModel(mod, specs, str(path), model, notes, upcast_from)
 
@@ -330,14 +332,14 @@ def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[st
     try:
         slim = onnxslim.slim(model, input_shapes=shapes, model_check=False)
     except Exception as err:
-        notes.append(f"onnxslim failed ({_first_line(err)}); using the model as exported")
+        notes.append(f"onnxslim failed ({error_line(err)}); using the model as exported")
         return model
     feeds = random_inputs(specs, seed=0)
     try:
         want = run_onnxruntime(model, specs, feeds)
         got = run_onnxruntime(slim, specs, feeds)
     except Exception as err:
-        notes.append(f"onnxruntime could not check the simplified model ({_first_line(err)})")
+        notes.append(f"onnxruntime could not check the simplified model ({error_line(err)})")
         return slim
     from autofuse.worker import compare
 

@@ -29,6 +29,7 @@ from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
+
 def _error(name: str, problem: str) -> ValueError:
     return ValueError(f"Attention node {name!r}: {problem}")
 

@@ -749,7 +749,7 @@ def _tile_scope(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, elements: i
     any other comes from the runtime's workspace pool, one call to allocate and one to free at
     every tile, and its accumulators are stored to that memory at the tile's end. A tile under
     the limit is global (an alloca LLVM keeps in registers: MobileNetV3's 112x112 1x1
-    convolution 16 -> 64 channels, 4x2 tiles over K = 16, 336 -> 144 us alone); a larger one
+    convolution 16 -> 64 channels, 4x2 tiles over K = 16, 332 -> 142 us alone); a larger one
     is local, so that its copy shares the allocation (see _tile_buffers_local)."""
     dtype = tvm.DataType(str(sch.get(block).writes[0].source.dtype))
     return "global" if elements * dtype.bits // 8 < STACK_BYTES else "local"
@@ -759,7 +759,7 @@ def _tile_run(tiles: int | None) -> int:
     """Register tiles run one after the other in each parallel iteration, where a tile's
     accumulators come from the workspace pool (see _tile_scope): TIR then allocates them once
     per iteration, not once per tile (MobileNetV3's 112x112 1x1 convolution with its 4x2 tiles
-    forced into the pool: 396 -> 199 us alone; on the stack 150 us). At most 16 tiles, a
+    forced into the pool: 332 -> 171 us alone; on the stack 142 us). At most 16 tiles, a
     divisor of the tile count (a partial run would be predicated), and at least 32 iterations
     left for the threads to share out."""
     if not tiles:

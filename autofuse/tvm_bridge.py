@@ -16,7 +16,6 @@ from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
-
 import tvm
 from tvm import relax
 
@@ -38,7 +37,7 @@ def call_tir_inplace_op() -> tvm.ir.Op:
     return tvm.ir.Op.get("relax.call_tir_inplace")
 
 
-def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule:
     """Legalize `mod` the way TVM's default pipeline does before FuseOps, plus inference folds.
 
     Conv+BatchNorm with constant parameters is folded into the conv weights and a bias
@@ -54,6 +53,10 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     which become TVM's fast polynomial versions (FastMathTransform; outputs of the benchmark
     transformers stay within 3e-6 of onnxruntime). As libm calls they run one element at a
     time: GPT-2's GELU took 173 of a 620 us model that way, 6 us after.
+
+    A step that could not be applied (the layout change, where TVM's pass fails) is appended to
+    `notes` (the import's notes, which `autofuse tune` prints and records), or warned where no
+    list is given (a module handed to deploy.AutofuseFusion).
     """
     mod = tvm.transform.Sequential(
         [
@@ -76,8 +79,14 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             # channels-first is slower, not wrong: a 1-D conv net exported by torch 2.14's dynamo
             # exporter (GroupNorm as reshape -> InstanceNormalization -> reshape) made the pass
             # fail with std::bad_alloc, and the model did not import at all
-            warnings.warn(f"channels-last layout not applied ({str(err).splitlines()[0][:120]}); "
-                          "convolutions stay channels-first", stacklevel=2)
+            from autofuse.importer import error_line
+
+            note = (f"channels-last layout not applied ({error_line(err)[:120]}): "
+                    "convolutions stay channels-first")
+            if notes is None:
+                warnings.warn(note, stacklevel=2)
+            else:
+                notes.append(note)
     # after the layout change: FastMathTransform emits its polynomials as TIR calls, which
     # ConvertLayout cannot see through (a transpose each side of every SiLU between convolutions)
     mod = tvm.transform.Sequential(

@@ -69,7 +69,7 @@ def prepare(
 
     upcast = make_target(target).kind.name != "cuda"
     loaded = load_model(source, inputs, simplify=simplify, upcast_half=upcast)
-    mod = tvm_bridge.normalize(loaded.mod)
+    mod = tvm_bridge.normalize(loaded.mod, loaded.notes)
     left = tvm_bridge.unlowered_ops(mod)
     if left:
         raise ModelError(f"{loaded.source}: TVM has no kernel for operator(s) {', '.join(left)}")

@@ -233,3 +233,13 @@ def test_measure_together_falls_back_to_one_by_one(mlp, monkeypatch):
         monkeypatch.setattr(m, "_exchange", exchange)
         ms = m.measure_together([mlp.tvm_default(), mlp.unfused()])
         assert sent == ["together", None, None] and all(x.ok for x in ms)
+
+
+def test_a_nan_difference_is_reported_as_nan():
+    # max() over differences skips a NaN that comes first: the report read 0 or the next
+    # output's difference for an output that was NaN where the reference was a number
+    want = [np.ones(3, "float32"), np.ones(2, "float32")]
+    ok, worst = worker.compare([np.array([1, np.nan, 1], "float32"), np.array([1, 3], "float32")], want)
+    assert not ok and np.isnan(worst)
+    ok, worst = worker.compare([np.ones(3, "float32"), np.array([1, 3], "float32")], want)
+    assert not ok and worst == 2.0

@@ -23,8 +23,6 @@ def model(nodes: list, inputs: dict[str, tuple], outputs: list[str], opset: int,
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-
-
 @pytest.mark.parametrize("attrs", [
     {"output_shape": [10, 8], "strides": [3, 2]},  # one row and column past the natural output
     {"output_shape": [6, 6], "strides": [2, 2], "auto_pad": "SAME_UPPER"},

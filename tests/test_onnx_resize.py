@@ -33,8 +33,6 @@ def resize_model(shape: tuple[int, ...], opset: int, op: str = "Resize", dtype: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-
-
 def _ops(w) -> set[str]:
     return {n.op for n in w.graph.nodes}
 
