@@ -9,6 +9,7 @@ TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Orde
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,11 +262,34 @@ class _LayoutRewriter(relax.PyExprMutator):
             return self._quantize(call)
         if name == "relax.nn.conv2d_transpose":
             return self._upsampling_matmul(call)
+        if name in ("relax.squeeze", "relax.permute_dims"):
+            return self._axes_from_zero(call)
+        if name == "relax.stack":  # the layout rule fails ("Index -1 out of bounds"): unrolled RNNs
+            parts = x.fields if isinstance(x, relax.Tuple) else None
+            ndim = call.ty.ndim
+            if parts is None or ndim < 0:
+                return call
+            axis = int(call.attrs.axis) % ndim
+            return emit(relax.op.concat([emit(relax.op.expand_dims(p, [axis])) for p in parts], axis))
         if name == "relax.astype" and dtype == str(call.attrs.dtype):
             # a cast to the type it has: a copy kernel (a float16 model's casts, computed in
             # float32 on the CPU by onnx_float16, become these)
             return x
         return call
+
+    def _axes_from_zero(self, call: relax.Call) -> relax.Expr:
+        """squeeze and permute_dims with their axes counted from the front. TVM 0.27's layout
+        rules index the layout string with the axis as given: a negative one (PyTorch's
+        `x.squeeze(-1)` after a 1-D convolution, in Silero VAD and a GroupNorm export) made
+        ConvertLayout fail with std::bad_alloc and the model stayed channels-first."""
+        squeeze = call.op.name == "relax.squeeze"
+        axes, ndim = call.attrs.axis if squeeze else call.attrs.axes, call.args[0].ty.ndim
+        if axes is None or ndim < 0 or all(int(a) >= 0 for a in axes):
+            return call
+        fixed = [int(a) % ndim for a in axes]
+        if squeeze:
+            return self.builder_.normalize(relax.op.squeeze(call.args[0], fixed))
+        return self.builder_.normalize(relax.op.permute_dims(call.args[0], fixed))
 
     def _upsampling_matmul(self, call: relax.Call) -> relax.Expr:
         """A transposed convolution whose stride equals its kernel (a U-Net's 2x2 stride-2
@@ -332,7 +356,9 @@ class LayoutFriendlyOps:
     compute, which it carries channels-last: clip (ONNX HardSigmoid, HardSwish), leaky ReLU,
     quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear);
     and transposed convolutions with stride = kernel, as a matmul (see _upsampling_matmul).
-    Casts to the type their input has are dropped.
+    Casts to the type their input has are dropped; squeeze and permute_dims get their axes
+    counted from the front (ConvertLayout fails on negative ones, see _axes_from_zero), and
+    stack becomes the concatenation of expanded inputs it computes (its layout rule fails).
     Left as they are, each gets a transpose on either side between two convolutions (int8
     ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
 
@@ -343,6 +369,18 @@ class LayoutFriendlyOps:
 # output channels are padded to a multiple of this (see WholeVectorChannels): half an AVX-512
 # register, a whole AVX2 one
 CHANNEL_MULTIPLE = 8
+
+
+def whole_tile_columns(columns: int) -> int:
+    """The column count, at least `columns`, of whole register tiles two or three vectors wide
+    (a multiple of 2 or 3 x CHANNEL_MULTIPLE): with an odd number of vectors, none of them
+    prime to 3, a matmul over several rows gets tiles one vector wide, which need a broadcast
+    load per multiply-add (a CRNN's 32 x 1024 x 8210 output layer, 8216 = 8 x 1027 columns:
+    9.9 ms; 8224 columns in 6 x 2 tiles: see README)."""
+    n = columns + -columns % CHANNEL_MULTIPLE
+    while n % (2 * CHANNEL_MULTIPLE) and n % (3 * CHANNEL_MULTIPLE):
+        n += CHANNEL_MULTIPLE
+    return n
 
 
 @relax.expr_functor.mutator
@@ -362,18 +400,23 @@ class _ChannelPadder(relax.PyExprMutator):
         if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.Constant)
                 and call.args[1].ty.ndim == 2):
             # up to SERIAL_INNER columns run as serial accumulators inside the reduction
-            return self._pad(call, 1, call.ty.ndim - 1, SERIAL_INNER + 1)
+            shape = [getattr(d, "value", None) for d in call.ty.shape.values]
+            rows = math.prod(shape[:-1]) if all(isinstance(d, int) for d in shape[:-1]) else 0
+            return self._pad(call, 1, call.ty.ndim - 1, SERIAL_INNER + 1, wide=rows >= 4)
         return call
 
-    def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int) -> relax.Expr:
+    def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int, wide: bool = False) -> relax.Expr:
         weight = call.args[1]
         shape = [getattr(d, "value", None) for d in call.ty.shape.values] if call.ty.ndim > 0 else []
         channels = shape[out_axis] if shape else None
-        if not isinstance(channels, int) or channels < least or channels % 4 == 0:
+        if not isinstance(channels, int) or channels < least:
+            return call
+        padded_to = whole_tile_columns(channels) if wide else channels + (-channels % CHANNEL_MULTIPLE if channels % 4 else 0)
+        if padded_to == channels:
             return call
         emit = self.builder_.normalize
         widths = [0] * (2 * weight.ty.ndim)
-        widths[2 * w_axis + 1] = -channels % CHANNEL_MULTIPLE
+        widths[2 * w_axis + 1] = padded_to - channels
         padded = emit(relax.Call(call.op, [call.args[0], emit(relax.op.nn.pad(weight, widths)), *call.args[2:]],
                                  call.attrs))
         return emit(relax.op.strided_slice(padded, [out_axis], [0], [channels]))
