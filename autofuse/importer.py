@@ -9,6 +9,7 @@ operator) raise ModelError with a one-line message.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import runpy
 from collections.abc import Sequence
@@ -47,13 +48,17 @@ class InputSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    # a value the input is fixed to: it becomes a constant of the model, no longer an input
+    value: float | None = None
 
     @staticmethod
     def parse(text: str) -> InputSpec:
-        """'name:1x3x224x224' or 'name:1x3x224x224:float16' (a scalar is 'name:')."""
-        parts = text.split(":")
+        """'name:1x3x224x224', 'name:1x3x224x224:float16' (a scalar is 'name:'), and with
+        '=value' an input fixed to a value (a sample rate, a branch flag: 'sr::int64=16000')."""
+        spec, eq, value_text = text.partition("=")
+        parts = spec.split(":")
         if len(parts) not in (2, 3) or not parts[0]:
-            raise ModelError(f"bad --input {text!r}; expected name:1x3x224x224[:dtype]")
+            raise ModelError(f"bad --input {text!r}; expected name:1x3x224x224[:dtype][=value]")
         try:
             shape = tuple(int(d) for d in parts[1].split("x")) if parts[1] else ()
         except ValueError:
@@ -63,10 +68,17 @@ class InputSpec:
         dtype = parts[2] if len(parts) == 3 else "float32"
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r} in --input {text!r}; use one of {sorted(DTYPES)}")
-        return InputSpec(parts[0], shape, dtype)
+        value = None
+        if eq:
+            try:
+                value = float(value_text)
+            except ValueError:
+                raise ModelError(f"bad value in --input {text!r}; expected a number after '='") from None
+        return InputSpec(parts[0], shape, dtype, value)
 
     def __str__(self) -> str:
-        return f"{self.name}:{'x'.join(map(str, self.shape))}:{self.dtype}"
+        value = "" if self.value is None else f"={self.value:g}"
+        return f"{self.name}:{'x'.join(map(str, self.shape))}:{self.dtype}{value}"
 
 
 @dataclass
@@ -150,6 +162,10 @@ def module_inputs(mod: tvm.IRModule, given: Sequence[InputSpec]) -> tuple[InputS
             raise ModelError(f"input {p.name!r} has a symbolic shape ({ty}); give a static module")
         specs.append(InputSpec(p.name, shape, str(ty.dtype)))
     if given:
+        valued = [s.name for s in given if s.value is not None]
+        if valued:
+            raise ModelError(f"input {valued[0]!r}: fixing an input's value (=value) is for ONNX models; "
+                             "a Relax module can bind it itself (relax.transform.BindParams)")
         by_name = {s.name: s for s in given}
         if set(by_name) - {s.name for s in specs}:
             raise ModelError(f"unknown input(s) {sorted(set(by_name) - {s.name for s in specs})}")
@@ -184,7 +200,7 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
                 raise ModelError(
                     f"input {inp.name!r} has rank {len(ttype.shape.dim)}, --input gives {spec}"
                 )
-            specs.append(spec if spec.dtype == dtype else InputSpec(spec.name, spec.shape, dtype))
+            specs.append(spec if spec.dtype == dtype else dataclasses.replace(spec, dtype=dtype))
             continue
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in ttype.shape.dim]
         dynamic = [d for d in dims if not isinstance(d, int) or d <= 0]
@@ -196,6 +212,48 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
             )
         specs.append(InputSpec(inp.name, tuple(int(d) for d in dims), dtype))
     return tuple(specs)
+
+
+def _refuse_run_time_branches(model: onnx.ModelProto, specs: Sequence[InputSpec]) -> None:
+    """An If left after simplification whose condition reads graph inputs branches at run time;
+    autofuse compiles one dataflow graph, so the user is told which inputs decide it (fixing
+    them with --input name:shape:dtype=value folds the If into the branch taken)."""
+    producer = {out: n for n in model.graph.node for out in n.output}
+    by_name = {s.name: s for s in specs}
+    for branch in (n for n in model.graph.node if n.op_type == "If"):
+        seen, stack, deciding = set(), [branch.input[0]], []
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in by_name:
+                deciding.append(by_name[name])
+            elif name in producer:
+                stack.extend(producer[name].input)
+        if deciding:
+            example = " ".join(f"--input {s}=VALUE" for s in sorted(deciding, key=lambda s: s.name))
+            raise ModelError(f"If node {branch.name or branch.output[0]!r} branches on input(s) "
+                             f"{', '.join(sorted(s.name for s in deciding))} at run time; autofuse compiles one "
+                             f"branch: fix the value with {example}")
+
+
+def _fix_values(model: onnx.ModelProto, fixed: Sequence[InputSpec]) -> onnx.ModelProto:
+    """The model with the `fixed` inputs as initializers holding their values. onnxslim then
+    folds what they decide: an If on a sample rate (Silero VAD) or a cache flag becomes the
+    branch taken, which TVM imports (it cannot import the If itself where a branch's shapes
+    depend on the inputs)."""
+    from onnx import numpy_helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    names = {s.name: s for s in fixed}
+    kept = [i for i in model.graph.input if i.name not in names]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    for s in fixed:
+        array = np.full(s.shape, s.value).astype(s.dtype)
+        model.graph.initializer.append(numpy_helper.from_array(array, s.name))
+    return model
 
 
 # operators TVM's frontend lacks, and stock converters corrected (onnx_resize, onnx_corrections)
@@ -241,6 +299,11 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         raise ModelError(f"{path} is not a valid ONNX model: {error_line(err)}") from None
     specs = _onnx_inputs(model, given)
     notes: list[str] = []
+    fixed = [s for s in specs if s.value is not None]
+    if fixed:
+        model = _fix_values(model, fixed)
+        specs = tuple(s for s in specs if s.value is None)
+        notes.append(f"input(s) {', '.join(str(s) for s in fixed)} fixed: constants of the model, no longer inputs")
     try:
         model, rewritten = onnx_qlinear.to_qdq(model)
     except onnx_qlinear.QLinearError as err:
@@ -257,6 +320,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         unrolled += more
     if unrolled:
         notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
+    _refuse_run_time_branches(model, specs)
     model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
     if folded:
         notes.append(f"{folded} node(s) TVM has no converter for evaluated at import (constant inputs)")

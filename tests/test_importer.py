@@ -26,9 +26,56 @@ def dynamic_model(path, op="Relu", domain=""):
 def test_input_spec_parse():
     assert InputSpec.parse("x:1x3x224x224") == InputSpec("x", (1, 3, 224, 224), "float32")
     assert InputSpec.parse("ids:1x128:int64").dtype == "int64"
-    for bad in ("x", "x:1xa", "x:0x3", "x:1:complex7", ":1x2"):
+    assert InputSpec.parse("sr::int64=16000") == InputSpec("sr", (), "int64", 16000.0)
+    assert str(InputSpec.parse("flag:1:bool=1")) == "flag:1:bool=1"
+    for bad in ("x", "x:1xa", "x:0x3", "x:1:complex7", ":1x2", "sr::int64=fast"):
         with pytest.raises(ModelError):
             InputSpec.parse(bad)
+
+
+def branching_model(path):
+    """y = x * 2 where sr == 16000, else x reshaped by a run-time shape and negated (Silero
+    VAD's If on its sample rate input, a branch TVM cannot import on its own)."""
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+                             [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    other = helper.make_graph([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Neg", ["x"], ["n"]),
+                               helper.make_node("Reshape", ["n", "s"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], name="by_rate", then_branch=then, else_branch=other)]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor("rate", TensorProto.INT64, [], [16000])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("rate, scale", [(16000, 2.0), (8000, -1.0)])
+def test_an_input_fixed_to_a_value_folds_the_branch_it_decides(tmp_path, rate, scale):
+    import tvm
+
+    from autofuse import build
+    from autofuse.apply import apply_plan
+
+    path = branching_model(tmp_path / "vad.onnx")
+    with pytest.raises(ModelError, match=r"'by_rate' branches on input\(s\) sr .*--input sr::int64=VALUE"):
+        load_model(path, [InputSpec.parse("x:3x4"), InputSpec.parse("sr::int64")])
+    w = prepare(path, [InputSpec.parse("x:3x4"), InputSpec.parse(f"sr::int64={rate}")])
+    assert w.inputs == (InputSpec("x", (3, 4), "float32"),)  # sr is a constant now
+    assert any("sr::int64" in n and "fixed" in n for n in w.loaded.notes)
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    got = build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), build.make_target("llvm")),
+                    tvm.cpu(), [x])[0]
+    np.testing.assert_array_equal(got, x * scale)
+
+
+def test_a_relax_module_input_cannot_be_fixed_to_a_value(small):
+    with pytest.raises(ModelError, match="is for ONNX models"):
+        load_model(small.loaded.mod, [InputSpec("x", (1,), "float32", 1.0)])
 
 
 def test_missing_and_not_onnx(tmp_path):
@@ -119,6 +166,8 @@ def relu6_depthwise_model(path, nan_upper=False):
 
 @pytest.mark.parametrize("nan_upper", [False, True])
 def test_clip_keeps_the_conv_chain_channels_last(tmp_path, nan_upper):
+    import tvm
+
     from autofuse import build
     from autofuse.apply import apply_plan
     from autofuse.importer import random_inputs
@@ -134,7 +183,6 @@ def test_clip_keeps_the_conv_chain_channels_last(tmp_path, nan_upper):
     feeds = random_inputs(w.inputs)
     want = run_onnxruntime(w.loaded.onnx_model, w.inputs, [f * 4 for f in feeds])[0]
     target = build.make_target("llvm")
-    import tvm
 
     got = build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), target), tvm.cpu(), [f * 4 for f in feeds])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -143,6 +191,8 @@ def test_clip_keeps_the_conv_chain_channels_last(tmp_path, nan_upper):
 def test_cumsum_is_dispatched_to_a_kernel(tmp_path):
     # RoBERTa's position ids: Relu -> CumSum -> Relu. TVM has no legalization for cumsum; its
     # pipeline dispatches it to a scan kernel first, and so does normalisation
+    import tvm
+
     from autofuse import build
     from autofuse.apply import apply_plan
     from autofuse.importer import random_inputs
@@ -161,7 +211,6 @@ def test_cumsum_is_dispatched_to_a_kernel(tmp_path):
     assert any(n.op.startswith("cumsum") for n in w.graph.nodes)
     feeds = random_inputs(w.inputs)
     want = run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0]
-    import tvm
 
     target = build.make_target("llvm")
     plan = SearchSpace(w.graph).plan_of_kinds({"vertical", "horizontal", "reduction"})
