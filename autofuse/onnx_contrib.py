@@ -5,8 +5,9 @@ Models published already optimised for onnxruntime (BERT-like exports run throug
 Gelu, FastGelu, BiasGelu, QuickGelu, FusedMatMul, SkipLayerNormalization,
 SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (an RMS norm that onnxruntime
 registers in the ONNX domain), Attention (QKV in one weight), MultiHeadAttention,
-RotaryEmbedding, MatMulNBits (4-bit weights), and EmbedLayerNormalization, which TVM's frontend
-converts itself. TVM's frontend dispatches on the operator's name alone, ignoring its domain,
+RotaryEmbedding, MatMulNBits (4-bit weights), DynamicQuantizeLSTM (what onnxruntime's
+quantize_dynamic makes of an LSTM), and EmbedLayerNormalization, which TVM's frontend converts
+itself. TVM's frontend dispatches on the operator's name alone, ignoring its domain,
 so a contrib node could meet a standard operator's converter of the same name (com.microsoft's
 RotaryEmbedding and Attention take other inputs than ONNX's). `tag` therefore renames each
 contrib node to "com.microsoft.<op>" before import, and only the names CONVERTERS holds are
@@ -30,6 +31,7 @@ from autofuse.onnx_converters import heads_first
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
+from autofuse.onnx_rnn import lstm
 
 DOMAIN = "com.microsoft"
 
@@ -263,6 +265,34 @@ def _matmul_nbits(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list
     return y if bias is None else bb.emit(relax.op.add(y, bias))
 
 
+def _dynamic_quantize_lstm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """An LSTM with int8 weights W [directions, input, 4 hidden] and R [directions, hidden,
+    4 hidden], per direction or per column scales and zero points: the weights dequantized at
+    import, (q - zero point) * scale, into the LSTM's [directions, 4 hidden, input] layout, and
+    the node becomes a float LSTM. onnxruntime also quantizes X and the hidden state to 8 bits at
+    every step; here they stay float, so the outputs differ from onnxruntime's by about that
+    rounding (the import's onnxruntime check reports it) and match the float LSTM with the
+    dequantized weights."""
+    weights = []
+    for q_at, scale_at, zero_at in ((1, 8, 9), (2, 10, 11)):
+        q, scale, zero = (optional_input(inputs, i, params) for i in (q_at, scale_at, zero_at))
+        if not (is_const(q) and is_const(scale) and (zero is None or is_const(zero))):
+            raise ValueError("DynamicQuantizeLSTM: the quantized weights, scales and zero points must be constants")
+        values = q.value.numpy().astype(np.float32)  # [directions, rows, 4 hidden]
+        s, z = (_per_direction(a, values.shape[0]) for a in (scale, zero))
+        weights.append(array_const(np.ascontiguousarray(((values - z) * s).transpose(0, 2, 1))))
+    return lstm(bb, [inputs[0], *weights, *inputs[3:8]], attr, params)
+
+
+def _per_direction(param: relax.Constant | None, directions: int) -> np.ndarray | float:
+    """A scale or zero point (one value, one per direction or one per direction and column)
+    shaped to broadcast over [directions, rows, columns]."""
+    if param is None:
+        return 0.0
+    a = param.value.numpy().astype(np.float32)
+    return a.reshape(1, 1, 1) if a.size == 1 else a.reshape(directions, 1, -1)
+
+
 def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
     """Rows of packed `bits`-bit unsigned values, least significant bits first."""
     if bits == 8:
@@ -299,5 +329,6 @@ CONVERTERS: dict[str, type] = {
     f"{DOMAIN}.EmbedLayerNormalization": _stock("EmbedLayerNormalization"),
     f"{DOMAIN}.RotaryEmbedding": converter("RotaryEmbedding", {1: _rotary_embedding}),
     f"{DOMAIN}.MatMulNBits": converter("MatMulNBits", {1: _matmul_nbits}),
+    f"{DOMAIN}.DynamicQuantizeLSTM": converter("DynamicQuantizeLSTM", {1: _dynamic_quantize_lstm}),
     "SimplifiedLayerNormalization": converter("SimplifiedLayerNormalization", {1: _simplified_layer_norm}),
 }

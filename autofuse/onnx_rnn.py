@@ -314,3 +314,6 @@ def _convert(
 CONVERTERS: dict[str, type] = {
     cell.op: converter(cell.op, {1: functools.partial(_convert, cell)}) for cell in (_LSTM, _GRU, _RNN)
 }
+
+# an LSTM node's Y, Y_h, Y_c from its (float) inputs, for converters of its variants
+lstm = functools.partial(_convert, _LSTM)
