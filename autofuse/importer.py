@@ -31,6 +31,7 @@ from autofuse import onnx_converters
 from autofuse import onnx_corrections
 from autofuse import onnx_dft
 from autofuse import onnx_float16
+from autofuse import onnx_integer
 from autofuse import onnx_loop
 from autofuse import onnx_qlinear
 from autofuse import onnx_resize
@@ -229,8 +230,8 @@ def _refuse_run_time_branches(model: onnx.ModelProto, specs: Sequence[InputSpec]
             seen.add(name)
             if name in by_name:
                 deciding.append(by_name[name])
-            elif name in producer:
-                stack.extend(producer[name].input)
+            elif name in producer and producer[name].op_type not in ("Shape", "Size"):
+                stack.extend(producer[name].input)  # (shapes are fixed: not what decides)
         if deciding:
             example = " ".join(f"--input {s}=VALUE" for s in sorted(deciding, key=lambda s: s.name))
             raise ModelError(f"If node {branch.name or branch.output[0]!r} branches on input(s) "
@@ -311,6 +312,10 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     if rewritten:
         notes.append(f"{rewritten} quantized operator(s) in QOperator form rewritten as QDQ (float between "
                      "DequantizeLinear and QuantizeLinear)")
+    model, integer = onnx_integer.to_float(model)
+    if integer:
+        notes.append(f"{integer} integer operator(s) (ConvInteger, MatMulInteger) computed as float ones "
+                     "on the same integers")
     model, unrolled = onnx_loop.unroll(model)
     if simplify:
         model = _simplify(model, specs, notes)
