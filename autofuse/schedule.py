@@ -827,13 +827,19 @@ def _stream_chunk(sch: s_tir.Schedule, r_loop: s_tir.schedule.LoopRV, panel_row_
 
 def _row_groups(sch: s_tir.Schedule, columns: s_tir.schedule.LoopRV, rows: list) -> int | None:
     """Into how many groups a streamed column tile's rows split so that there are at least
-    STREAM_MIN_TILES parallel tasks (each group reads the column's panel once), or None."""
+    STREAM_MIN_TILES parallel tasks (each group reads the column's panel once), or None.
+    Rows given as (outer rows, row tiles) loops, an image's rows and the tiles along each, split
+    into whole outer rows or within one: each group writes back the box of outer rows it
+    touches, and a group ending inside a row wrote over its neighbour's outputs (a convolution
+    whose output another one in the kernel reads, YOLOX's 13x13 head: 7 groups of 13 of the
+    13 x 7 tiles)."""
     cols = _extent(sch, columns)
     extents = [_extent(sch, lp) for lp in rows]
     if not cols or None in extents:
         return None
-    total = math.prod(extents)  # type: ignore[arg-type]
-    return next((g for g in range(1, total + 1) if total % g == 0 and cols * g >= STREAM_MIN_TILES), None)
+    total, outer = math.prod(extents), math.prod(extents[:-1])  # type: ignore[arg-type]
+    return next((g for g in range(1, total + 1)
+                 if (outer % g == 0 or (g % outer == 0 and total % g == 0)) and cols * g >= STREAM_MIN_TILES), None)
 
 
 def _insert_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:

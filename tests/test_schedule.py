@@ -1238,3 +1238,34 @@ def test_a_refused_primitive_does_not_print_the_kernel_into_its_error():
     with pytest.raises(s_tir.ScheduleError) as refused:
         sch.compute_inline(sch.get_sblock("matmul"))  # a reduction: refused
     assert "prim_func" not in str(refused.value) and "matmul_intermediate" not in str(refused.value)
+
+
+def test_streamed_convolution_rows_are_grouped_in_whole_image_rows():
+    # YOLOX's 13x13 head: conv 96 -> 96 3x3 -> SiLU -> the same again, merged into one kernel.
+    # The first convolution's output is read by the second's padding, so its rows stay (image
+    # row, row tile); its 331 KiB of weights stream, and its rows were split into parallel
+    # groups across image rows while each group wrote back whole image rows, its neighbours'
+    # unfinished outputs included (ddddocr's detector: every plan with the merge rejected)
+    from tvm import relax
+
+    from autofuse.workload import prepare
+
+    rng = np.random.default_rng(9)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 96, 13, 13), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for _ in range(2):
+                w = relax.const((rng.standard_normal((96, 96, 3, 3)) * 0.05).astype("float32"))
+                y = bb.emit(relax.op.nn.silu(relax.op.nn.conv2d(y, w, padding=1)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    w = prepare(bb.get())
+    plan = SearchSpace(w.graph).plan_of_kinds({"vertical"})
+    fused = apply.apply_plan(w.mod, w.graph, plan)
+    assert any(sum("conv2d" in w.graph.nodes[n].op for n in g) == 2 for g in plan.groups)
+    target = build.make_target("llvm")
+    feeds = random_inputs(w.inputs)
+    want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
