@@ -31,7 +31,9 @@ ModelArg = Annotated[
     typer.Argument(help="ONNX or TVMScript (.py) file, or a built-in model name (default: the demo model)."),
 ]
 InputOpt = Annotated[
-    Optional[list[str]], typer.Option("--input", "-i", help="Fix an input: name:1x3x224x224[:dtype], or its value too: name:shape:dtype=value. Repeatable.")
+    Optional[list[str]],
+    typer.Option("--input", "-i",
+                 help="Fix an input: name:1x3x224x224[:dtype], or its value too: name:shape:dtype=value. Repeatable."),
 ]
 TargetOpt = Annotated[str, typer.Option(help="llvm, cuda, cuda:sm_XX or a JSON target dict.")]
 LogDirOpt = Annotated[Path, typer.Option(help="Tuning log directory.")]

@@ -134,8 +134,9 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
     fused into the arithmetic around it (an int8 model's run-time bias quantization, what
     onnx_integer casts back to int32) each cast's expression was repeated into kernels of 47 KB
     that took LLVM 25-35 s each to compile."""
-    x = inputs[0]
-    src, dst = str(getattr(getattr(x, "ty", None), "dtype", "")), element_dtype(int(attr["to"]))
+    x, to = inputs[0], attr.get("to")
+    src = str(getattr(getattr(x, "ty", None), "dtype", ""))
+    dst = element_dtype(to) if isinstance(to, int) else ""  # opsets 1-5 named the type as text
     if src.startswith(("float", "bfloat")) and dst in ("int8", "int16", "int32", "uint8", "uint16", "uint32") \
             and not is_const(x):
         finite = bb.emit(relax.op.where(relax.op.isfinite(x), x, relax.const(0.0, src)))
