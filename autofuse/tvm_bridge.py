@@ -77,9 +77,10 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
                  "relax.nn.conv1d": ["NWC", "WIO"]}
             )(mod)
         except Exception as err:  # noqa: BLE001 - any failure of TVM's pass: keep the layout
-            # channels-first is slower, not wrong: a 1-D conv net exported by torch 2.14's dynamo
-            # exporter (GroupNorm as reshape -> InstanceNormalization -> reshape) made the pass
-            # fail with std::bad_alloc, and the model did not import at all
+            # channels-first is slower, not wrong. The failures met so far (std::bad_alloc on a
+            # negative squeeze axis in a 1-D conv net from torch 2.14's dynamo exporter, stack in
+            # an unrolled LSTM) LayoutFriendlyOps now rewrites away; without this guard such a
+            # model did not import at all
             from autofuse.importer import error_line
 
             note = (f"channels-last layout not applied ({error_line(err)[:120]}): "
