@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -398,6 +399,26 @@ def time_kernels(
     return out
 
 
+def _build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> tvm.runtime.Module:
+    """MetaSchedule's default_build without its `import tvm.s_tir.tensor_intrin`: that import
+    parses every target's tensor intrinsics (14 s here) in each builder process, and LocalBuilder
+    starts new processes for every batch of candidates (a 2-trial tuning of 3 tiny kernels: 100 s,
+    most of it those imports). A CPU candidate needs none of them to build: tensorisation
+    inlined the intrinsics' bodies while scheduling, and only the CUDA ones register functions
+    that lowering looks up."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def _candidate_builder(target: tvm.target.Target) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    cpu = target.kind.name == "llvm" and "riscv" not in str(target)  # RISC-V registers one too
+    return ms.builder.LocalBuilder(f_build=_build_candidate) if cpu else "local"
+
+
 def tune_kernels(
     fused: tvm.IRModule, target: tvm.target.Target, work_dir: str, trials_per_kernel: int, seed: int = 0
 ) -> int:
@@ -419,6 +440,7 @@ def tune_kernels(
         tasks=contexts,
         task_weights=weights,
         work_dir=work_dir,
+        builder=_candidate_builder(target),
         max_trials_global=trials_per_kernel * len(new),
         max_trials_per_task=trials_per_kernel,
         num_trials_per_iter=min(64, trials_per_kernel),
