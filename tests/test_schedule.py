@@ -107,6 +107,19 @@ def test_prime_row_count_gets_a_padded_row_tile():
     _run_matmul(func, 17, 32, 64)
 
 
+def test_five_vectors_of_columns_get_tiles_five_vectors_wide():
+    # 40 output channels at 8 lanes (EfficientNet's, MobileNetV3's): AVX-512's 24 accumulators
+    # hold 4 rows x 5 vectors, which reuse each load far more than the 16 x 1 tiles 2 and 3 left
+    func = schedule_cpu(_matmul(112, 40, 64), lanes=16)
+    text = func.script()
+    assert "T.unroll(4)" in text and "T.unroll(5)" in text and "T.vectorized(8)" in text
+    _run_matmul(func, 112, 40, 64)
+    # AVX2's 12 accumulators hold no 4 rows of them: one vector wide, as before
+    func = schedule_cpu(_matmul(112, 40, 64), lanes=8, acc=12)
+    assert "T.unroll(5)" not in func.script() and "T.unroll(8)" in func.script()
+    _run_matmul(func, 112, 40, 64)
+
+
 def test_row_tiles_fit_the_cpu_registers():
     from autofuse.schedule import accumulators
 
