@@ -183,6 +183,19 @@ def error_line(err: BaseException) -> str:
     return text[-1] if text else type(err).__name__
 
 
+def _example_shape(dims: list) -> str:
+    """A shape to give for dynamic dimensions: 1 for a leading (batch) one, the others by name
+    for the user to choose (a YOLO's height and width suggested as 1 failed further on)."""
+
+    def one(k: int, d: object) -> str:
+        if isinstance(d, int) and d > 0:
+            return str(d)
+        return "1" if k == 0 else str(d).upper() if str(d).isidentifier() else f"D{k}"
+
+    shape = "x".join(one(k, d) for k, d in enumerate(dims))
+    return shape if all(p.isdigit() for p in shape.split("x")) else f"{shape}, the sizes to tune for"
+
+
 def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[InputSpec, ...]:
     inits = {i.name for i in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in inits]
@@ -206,10 +219,9 @@ def _onnx_inputs(model: onnx.ModelProto, given: Sequence[InputSpec]) -> tuple[In
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in ttype.shape.dim]
         dynamic = [d for d in dims if not isinstance(d, int) or d <= 0]
         if dynamic:
-            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in dims)
             raise ModelError(
                 f"input {inp.name!r} has dynamic dimension(s) {dynamic}; "
-                f"fix them with --input {inp.name}:{example}"
+                f"fix them with --input {inp.name}:{_example_shape(dims)}"
             )
         specs.append(InputSpec(inp.name, tuple(int(d) for d in dims), dtype))
     return tuple(specs)

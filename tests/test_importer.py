@@ -89,8 +89,15 @@ def test_missing_and_not_onnx(tmp_path):
 
 def test_dynamic_dims_must_be_fixed(tmp_path):
     path = dynamic_model(tmp_path / "dyn.onnx")
-    with pytest.raises(ModelError, match=r"dynamic dimension.*--input x:1x4"):
+    with pytest.raises(ModelError, match=r"dynamic dimension.*--input x:1x4$"):
         load_model(path)
+    # an image's height and width are named for the user to choose, not suggested as 1
+    image = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "w.2"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "height", "w.2"])])
+    onnx.save(helper.make_model(image, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "image.onnx")
+    with pytest.raises(ModelError, match=r"--input x:1x3xHEIGHTxD3, the sizes to tune for$"):
+        load_model(tmp_path / "image.onnx")
     loaded = load_model(path, [InputSpec.parse("x:3x4")])
     assert loaded.inputs == (InputSpec("x", (3, 4), "float32"),)
     with pytest.raises(ModelError, match="unknown input"):
