@@ -25,8 +25,15 @@ def time_onnxruntime(
     min_repeat_s: float = 0.02,
     threads: int = 0,
 ) -> list[float]:
-    """Per-sample latencies (see `time_callable`) of onnxruntime: CPU provider, all graph
-    optimisations, `threads` intra-op threads (0: build.cpu_threads(), as autofuse's kernels)."""
+    """Per-sample latencies (see `time_callable`) of onnxruntime (see `onnxruntime_runner`)."""
+    return time_callable(onnxruntime_runner(model, specs, feeds, threads), repeat, min_repeat_s)
+
+
+def onnxruntime_runner(
+    model: onnx.ModelProto, specs: Sequence[InputSpec], feeds: Sequence[np.ndarray], threads: int = 0
+) -> Callable[[], object]:
+    """One inference of `model` by onnxruntime per call: CPU provider, all graph optimisations,
+    `threads` intra-op threads (0: build.cpu_threads(), as autofuse's kernels)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -35,13 +42,19 @@ def time_onnxruntime(
     opts.intra_op_num_threads = threads or cpu_threads()
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     inputs = {s.name: x for s, x in zip(specs, feeds)}
-    return time_callable(lambda: sess.run(None, inputs), repeat, min_repeat_s)
+    return lambda: sess.run(None, inputs)
 
 
 def time_callable(fn: Callable[[], object], repeat: int = 15, min_repeat_s: float = 0.02) -> list[float]:
-    """Per-sample mean latency of `fn` in seconds, with the sampling protocol of TVM's
-    time_evaluator: warm-up calls, then each sample runs `fn` enough times to last at least
-    `min_repeat_s`."""
+    """Per-sample mean latency of `fn` in seconds (see `sampler`)."""
+    sample = sampler(fn, min_repeat_s)
+    return [sample() for _ in range(repeat)]
+
+
+def sampler(fn: Callable[[], object], min_repeat_s: float = 0.02) -> Callable[[], float]:
+    """A function taking one latency sample of `fn` per call, in seconds, with the sampling
+    protocol of TVM's time_evaluator: warm-up calls, then each sample runs `fn` enough times
+    to last at least `min_repeat_s` and returns the mean."""
     for _ in range(3):
         fn()
     number = 1
@@ -52,13 +65,14 @@ def time_callable(fn: Callable[[], object], repeat: int = 15, min_repeat_s: floa
         if time.perf_counter() - t0 >= min_repeat_s or number >= 1 << 16:
             break
         number *= 2
-    samples = []
-    for _ in range(repeat):
+
+    def sample() -> float:
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return samples
+        return (time.perf_counter() - t0) / number
+
+    return sample
 
 
 def median_and_spread(samples: Sequence[float]) -> tuple[float, float | None]:

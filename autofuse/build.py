@@ -334,10 +334,12 @@ def time_interleaved(
     dev: tvm.runtime.Device,
     inputs: Sequence[np.ndarray],
     config: MeasureConfig,
+    others: Sequence[Callable[[], float]] = (),
 ) -> list[list[float]]:
     """`config.repeat` latency samples of each executable, taken in turns (sample i of every
     plan, the order rotated each time), so that the k-th samples of all plans are neighbours in
-    time. On a shared host a slow spell lasts from milliseconds to seconds: plans timed one after
+    time; `others` (functions returning one sample each: a baseline's, baselines.sampler) take
+    their turns too, their samples listed after the executables'. On a shared host a slow spell lasts from milliseconds to seconds: plans timed one after
     the other were judged in different spells (BERT's two best plans: per-plan medians 2% apart,
     per-round gains from -48% to +4%), while neighbouring samples share it (the same two plans
     differed by 2.0-2.8% in every process)."""
@@ -349,11 +351,12 @@ def time_interleaved(
             vm["main"](*args)
         timers.append(vm.time_evaluator("main", dev, number=config.number, repeat=1,
                                         min_repeat_ms=config.min_repeat_ms))
-    samples: list[list[float]] = [[] for _ in vms]
-    order = list(range(len(vms)))
+    takes = [lambda t=t: float(t(*args).results[0]) for t in timers] + list(others)
+    samples: list[list[float]] = [[] for _ in takes]
+    order = list(range(len(takes)))
     for r in range(config.repeat):
         for i in order[r % len(order):] + order[: r % len(order)]:
-            samples[i].append(float(timers[i](*args).results[0]))
+            samples[i].append(takes[i]())
     return samples
 
 

@@ -170,6 +170,25 @@ class IsolatedMeasurer:
         Measurement per plan, in order; `time_groups` also times each plan's kernels alone, after.
         If the worker dies or times out on the batch, each plan is measured alone instead, so
         one bad plan fails alone."""
+        return self._together(plans, config, scheduler, time_groups)[0]
+
+    def measure_beside_onnxruntime(
+        self, plans: Sequence[FusionPlan], onnx_path: str, config: MeasureConfig | None = None
+    ) -> tuple[list[Measurement], Measurement]:
+        """measure_together, with onnxruntime running `onnx_path` (the workload's ONNX model) in
+        the worker and taking its turns among the plans' samples. Returns the plans' Measurements
+        and onnxruntime's (plan key 'onnxruntime'; status 'runtime_error' where it could not run,
+        or where no plan ran to be timed beside it)."""
+        measured, reply = self._together(plans, config, None, False, onnxruntime=onnx_path)
+        if reply.get("onnxruntime_latencies_s"):
+            return measured, Measurement("onnxruntime", "ok", tuple(reply["onnxruntime_latencies_s"]))
+        error = reply.get("onnxruntime_error") or "no plan ran to be timed beside it"
+        return measured, Measurement("onnxruntime", "runtime_error", error=error)
+
+    def _together(
+        self, plans: Sequence[FusionPlan], config: MeasureConfig | None, scheduler: str | None, time_groups: bool,
+        **extra: Any,
+    ) -> tuple[list[Measurement], dict[str, Any]]:
         start = time.perf_counter()
         config = config or self.config
         out: list[Measurement | None] = [None] * len(plans)
@@ -181,21 +200,21 @@ class IsolatedMeasurer:
                 todo.append(i)
             except IllegalPlanError as err:
                 out[i] = Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
-        if self.build_only or len(todo) < 2:
+        if self.build_only or len(todo) < (1 if extra else 2):
             for i in todo:
                 out[i] = self.measure(plans[i], config, time_groups, scheduler=scheduler)
-            return [m for m in out if m is not None]
-        request = {**requests[0], "op": "together", "plans": [r["groups"] for r in requests]}
+            return [m for m in out if m is not None], {}
+        request = {**requests[0], "op": "together", "plans": [r["groups"] for r in requests], **extra}
         del request["groups"]
         result = self._exchange(request, config.timeout_s * len(todo))
         if result.get("status") != "ok":  # the worker died or hung on one of them
             for i in todo:
                 out[i] = self.measure(plans[i], config, time_groups, scheduler=scheduler)
-            return [m for m in out if m is not None]
+            return [m for m in out if m is not None], {}
         wall = (time.perf_counter() - start) / len(todo)  # each plan's share
         for i, res in zip(todo, result["results"]):
             out[i] = self._measurement(plans[i], dict(res), wall)
-        return [m for m in out if m is not None]
+        return [m for m in out if m is not None], result
 
     def export(self, plan: FusionPlan, library: str, scheduler: str | None = None) -> dict[str, Any]:
         """Build `plan` and export its library to `library` (in the worker) for another machine to

@@ -206,6 +206,20 @@ def test_measure_together_times_plans_in_one_worker(mlp):
         assert all(x.ok and set(x.kernels) <= set(x.kernel_latencies_s) for x in timed)
 
 
+def test_onnxruntime_takes_its_turns_among_the_plans(mlp, model_dir, tmp_path):
+    # onnxruntime timed in the worker, sample by sample between the plans' samples
+    with IsolatedMeasurer(mlp, config=FAST) as m:
+        ms, ort = m.measure_beside_onnxruntime([mlp.tvm_default(), mlp.unfused()], str(model_dir / "mlp.onnx"))
+        assert all(x.ok and len(x.latencies_s) == FAST.repeat for x in ms)
+        assert ort.ok and ort.plan_key == "onnxruntime" and len(ort.latencies_s) == FAST.repeat
+        assert 0 < ort.median_s < 1
+        # one that onnxruntime cannot load is its failure; the plans are timed all the same
+        (tmp_path / "junk.onnx").write_bytes(b"not a model")
+        ms, ort = m.measure_beside_onnxruntime([mlp.tvm_default()], str(tmp_path / "junk.onnx"))
+        assert ms[0].ok and len(ms[0].latencies_s) == FAST.repeat
+        assert ort.status == "runtime_error" and ort.error
+
+
 def test_measure_together_fails_plans_alone(mlp):
     # a plan that does not build is its own build_error; the others are still timed in turns
     session = _session(mlp)
