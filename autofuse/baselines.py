@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from autofuse.build import cpu_threads
+from autofuse.build import no_garbage_collection
 from autofuse.importer import InputSpec
 from autofuse.importer import LoadedModel
 
@@ -48,7 +49,8 @@ def onnxruntime_runner(
 def time_callable(fn: Callable[[], object], repeat: int = 15, min_repeat_s: float = 0.02) -> list[float]:
     """Per-sample mean latency of `fn` in seconds (see `sampler`)."""
     sample = sampler(fn, min_repeat_s)
-    return [sample() for _ in range(repeat)]
+    with no_garbage_collection():
+        return [sample() for _ in range(repeat)]
 
 
 def sampler(fn: Callable[[], object], min_repeat_s: float = 0.02) -> Callable[[], float]:

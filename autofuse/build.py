@@ -354,10 +354,30 @@ def time_interleaved(
     takes = [lambda t=t: float(t(*args).results[0]) for t in timers] + list(others)
     samples: list[list[float]] = [[] for _ in takes]
     order = list(range(len(takes)))
-    for r in range(config.repeat):
-        for i in order[r % len(order):] + order[: r % len(order)]:
-            samples[i].append(takes[i]())
+    with no_garbage_collection():
+        for take in takes:  # a turn discarded: the first samples after a build ran slow (1.5x)
+            take()
+        for r in range(config.repeat):
+            for i in order[r % len(order):] + order[: r % len(order)]:
+                samples[i].append(takes[i]())
     return samples
+
+
+@contextlib.contextmanager
+def no_garbage_collection() -> Iterator[None]:
+    """Python's garbage collector off while samples are taken, as `timeit` does: a baseline
+    timed from Python (onnxruntime) paid its collections in a few samples, after a build had
+    left millions of objects (PP-OCRv4 det: samples of 60 ms with some of 112-143)."""
+    import gc
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def kernel_hash(mod: tvm.IRModule, name: str) -> str:

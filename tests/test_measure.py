@@ -257,3 +257,27 @@ def test_a_nan_difference_is_reported_as_nan():
     assert not ok and np.isnan(worst)
     ok, worst = worker.compare([np.ones(3, "float32"), np.array([1, 3], "float32")], want)
     assert not ok and worst == 2.0
+
+
+def test_samples_are_taken_with_the_garbage_collector_off():
+    # a baseline timed from Python paid collections of a build's garbage in a few of its samples
+    import gc
+
+    import tvm
+
+    from autofuse.baselines import time_callable
+    from autofuse.build import time_interleaved
+
+    seen = []
+
+    def take() -> float:
+        seen.append(gc.isenabled())
+        return 1e-3
+
+    assert gc.isenabled()
+    samples = time_interleaved([], tvm.cpu(), [], MeasureConfig(repeat=4), [take])
+    assert samples == [[1e-3] * 4] and len(seen) == 5 and not any(seen)  # one turn discarded
+    assert gc.isenabled()
+    seen.clear()
+    time_callable(lambda: seen.append(gc.isenabled()), repeat=3, min_repeat_s=0)
+    assert seen[-3:] == [False] * 3 and gc.isenabled()
