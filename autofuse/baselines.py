@@ -30,6 +30,19 @@ def time_onnxruntime(
     return time_callable(onnxruntime_runner(model, specs, feeds, threads), repeat, min_repeat_s)
 
 
+def save_for_onnxruntime(model: onnx.ModelProto, directory: str) -> str:
+    """`model` written to DIRECTORY/model.onnx (its weights beside it, so that a model over
+    protobuf's 2 GB limit saves too) for a worker to load; the model itself is left as it was
+    (saving with external data empties the tensors it writes out)."""
+    import os
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    path = os.path.join(directory, "model.onnx")
+    onnx.save(copy, path, save_as_external_data=True)
+    return path
+
+
 def onnxruntime_runner(
     model: onnx.ModelProto, specs: Sequence[InputSpec], feeds: Sequence[np.ndarray], threads: int = 0
 ) -> Callable[[], object]:
@@ -75,6 +88,26 @@ def sampler(fn: Callable[[], object], min_repeat_s: float = 0.02) -> Callable[[]
         return (time.perf_counter() - t0) / number
 
     return sample
+
+
+def pool_rounds(rounds: Sequence[Any], default: Any = None) -> dict[str, Any]:
+    """A baseline's Measurements, one per round of decision.measure_rounds (its samples taken in
+    turns with the plans'), pooled as the plans' are: status, median, noise (`spread`: the larger
+    of the samples' spread and the drift of the per-round medians), error, and `vs_tvm_default`
+    paired with `default` (TVM's plan's pooled Measurement: the same rounds, the same count)."""
+    failed = next((r for r in rounds if not r.ok), None)
+    if failed is not None:  # a model onnxruntime cannot run (an operator it lacks): said, not a crash
+        return {"status": failed.status, "median_s": None, "spread": None, "vs_tvm_default": None,
+                "error": str(failed.error).strip().splitlines()[0][:200]}
+    samples = [x for r in rounds for x in r.latencies_s]
+    med, spread = median_and_spread(samples)
+    meds = [r.median_s for r in rounds]
+    drift = (max(meds) - min(meds)) / med if len(meds) > 1 else 0.0
+    paired = None
+    if default is not None and len(default.latencies_s) == len(samples):
+        paired = statistics.median(d / o for d, o in zip(default.latencies_s, samples) if o > 0)
+    return {"status": "ok", "median_s": med, "spread": max(spread or 0.0, drift), "vs_tvm_default": paired,
+            "error": None}
 
 
 def median_and_spread(samples: Sequence[float]) -> tuple[float, float | None]:

@@ -8,8 +8,8 @@ Models: graphs this project generates (mlp, conv_block, transformer_block, softm
 chains) and real architectures from `transformers`, instantiated from small configs with random
 weights and exported with PyTorch's dynamo ONNX exporter. Baselines, all measured in this process
 run on the same threads: TVM's stock pipeline (tvm.compile of the frontend's module, no
-schedules), unfused and tvm_default (same kernel schedules as autofuse), autofuse tuned,
-onnxruntime (CPU provider, all graph optimisations), torch eager and torch.compile for the
+schedules), unfused and tvm_default (same kernel schedules as autofuse), autofuse tuned and
+onnxruntime (CPU provider, all graph optimisations) timed in turns, torch eager and torch.compile for the
 PyTorch models. Writes benchmarks/results.json, benchmarks/RESULTS.md and PNG plots.
 """
 
@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import sys
+import tempfile
 import time
 from datetime import datetime
 from datetime import timezone
@@ -31,8 +32,9 @@ import numpy as np
 
 from autofuse import models as builtin
 from autofuse.baselines import median_and_spread
+from autofuse.baselines import pool_rounds
+from autofuse.baselines import save_for_onnxruntime
 from autofuse.baselines import time_callable
-from autofuse.baselines import time_onnxruntime
 from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
 from autofuse.decision import measure_rounds
@@ -136,14 +138,23 @@ def machine_limits() -> dict[str, float]:
 
 def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int) -> dict[str, Any]:
     """The tuner's protocol (decision.measure_rounds): rounds in fresh processes, the plans timed
-    in turns sample by sample, pooled median per plan, noise as the spread of per-round medians.
+    in turns sample by sample, pooled median per plan, noise as the spread of per-round medians;
+    onnxruntime's samples taken in turns with theirs (row 'onnxruntime').
 
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
     or a slowdown."""
-    with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
-        res = measure_rounds(lambda ps, c: m.measure_together(ps, config=c), list(plans.values()), rounds,
-                             MeasureConfig(repeat=repeat), between=m.restart)
+    ort: list[Any] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
+        onnx_path = save_for_onnxruntime(w.loaded.onnx_model, tmp)
+
+        def measure_many(ps: list[Any], c: MeasureConfig) -> list[Any]:
+            got, baseline = m.measure_beside_onnxruntime(ps, onnx_path, config=c)
+            ort.append(baseline)
+            return got
+
+        res = measure_rounds(measure_many, list(plans.values()), rounds, MeasureConfig(repeat=repeat), between=m.restart)
     out = {}
     for name, plan in plans.items():
         same = [n for n, p in plans.items() if p.key == plan.key and n != name]
@@ -155,6 +166,10 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
         out[name] = {**row, "same_plan_as": same}
         if "tvm_default" in plans:
             out[name]["paired_vs_tvm_default"] = res.speedup(plans["tvm_default"].key, plan.key)
+    pooled = pool_rounds(ort, res.good.get(plans["tvm_default"].key) if "tvm_default" in plans else None)
+    out["onnxruntime"] = {"median_s": pooled["median_s"], "noise": pooled["spread"],
+                          "status": "ok" if pooled["status"] == "ok" else f"{pooled['status']}: {pooled['error']}",
+                          "paired_vs_tvm_default": pooled["vs_tvm_default"]}
     return out
 
 
@@ -197,8 +212,6 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rows = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
     glue = glue_share(w, scheduler, database)
     feeds = random_inputs(w.inputs)
-    ort_med, ort_spread = median_and_spread(time_onnxruntime(w.loaded.onnx_model, w.inputs, feeds, repeat=args.repeat))
-    rows["onnxruntime"] = {"median_s": ort_med, "noise": ort_spread, "status": "ok"}
     baselines = [("tvm_stock", lambda: time_tvm_stock(path, feeds, args.repeat))]
     if torch_case is not None:
         baselines += [(label, lambda c=compiled: time_torch(*torch_case, compiled=c, repeat=args.repeat))
@@ -299,8 +312,8 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three rounds in one run of "
-        "this script, each round in a fresh worker process in which the plans are timed in turns, sample by "
-        "sample, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, "
+        "this script, each round in a fresh worker process in which the plans and onnxruntime are timed in "
+        "turns, sample by sample, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, "
         "if larger); 'vs tvm_default' is paired: the median over the two plans' samples taken back to back "
         "of their ratio. 'glue' is the share of TVM's plan's kernel time (kernels timed alone) in kernels with no "
         "matmul or convolution: what fusion can remove or hide. The "

@@ -175,9 +175,8 @@ def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
     one worker, time onnxruntime."""
     import tempfile
 
-    import onnx
-
     from autofuse.baselines import onnxruntime_agreement
+    from autofuse.baselines import save_for_onnxruntime
     from autofuse.build import MeasureConfig
     from autofuse.decision import paired_speedup
     from autofuse.importer import InputSpec
@@ -194,10 +193,7 @@ def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
     plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
     with tempfile.TemporaryDirectory() as tmp, IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m:
         if w.loaded.onnx_model is not None:  # onnxruntime's samples between the plans' samples
-            copy = onnx.ModelProto()
-            copy.CopyFrom(w.loaded.onnx_model)  # saving with external data empties the tensors saved
-            onnx.save(copy, os.path.join(tmp, "model.onnx"), save_as_external_data=True)
-            results, ort = m.measure_beside_onnxruntime(plans, os.path.join(tmp, "model.onnx"))
+            results, ort = m.measure_beside_onnxruntime(plans, save_for_onnxruntime(w.loaded.onnx_model, tmp))
         else:
             results, ort = m.measure_together(plans), None
         inputs, unfused = m.reference_outputs()
