@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tvm
@@ -339,8 +339,8 @@ def time_interleaved(
     """`config.repeat` latency samples of each executable, taken in turns (sample i of every
     plan, the order rotated each time), so that the k-th samples of all plans are neighbours in
     time; `others` (functions returning one sample each: a baseline's, baselines.sampler) take
-    their turns too, their samples listed after the executables'. On a shared host a slow spell lasts from milliseconds to seconds: plans timed one after
-    the other were judged in different spells (BERT's two best plans: per-plan medians 2% apart,
+    their turns too, their samples listed after the executables'. On a shared host a slow spell
+    lasts from milliseconds to seconds: plans timed one after the other were judged in different spells (BERT's two best plans: per-plan medians 2% apart,
     per-round gains from -48% to +4%), while neighbouring samples share it (the same two plans
     differed by 2.0-2.8% in every process)."""
     vms = [relax.VirtualMachine(ex, dev) for ex in executables]

@@ -5,11 +5,12 @@ writes each convolution and matmul as DynamicQuantizeLinear (the activations to 
 scale computed at run time) -> ConvInteger / MatMulInteger (int8 weights, an int32 result) ->
 a cast and a multiply by the two scales. TVM imports the integer operators as they are, and its
 int32 convolutions and matmuls get none of the register-tiled float kernels (ddddocr's int8
-CRNN ran at 0.30x of onnxruntime, 0.67x after, in sweeps an hour apart). Each integer operator computes a sum of products of
-small integers (the inputs less their zero points), which float32 holds exactly while a sum
-stays under 2^24; so each becomes the float operator on the shifted values, cast back to int32
-(unless the graph casts it straight on to float), and the rest of the graph is left as written: the constant weights' shift and cast fold at
-import, and the model keeps its meaning, its quantized activations included. The rewrite is
+CRNN ran at 0.30x of onnxruntime, 0.67x after, in sweeps an hour apart). Each integer operator
+computes a sum of products of small integers (the inputs less their zero points), which float32
+holds exactly while a sum stays under 2^24; so each becomes the float operator on the shifted
+values, cast back to int32 (unless the graph casts it straight on to float), and the rest of the
+graph is left as written: the constant weights' shift and cast fold at import, and the model
+keeps its meaning, its quantized activations included. The rewrite is
 done on the ONNX graph before import, as onnx_qlinear's, so onnxslim and onnxruntime see the
 same model.
 """

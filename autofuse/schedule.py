@@ -1062,8 +1062,9 @@ def _tile_shape(rows: int, vectors: int, acc: int, wide: bool = True, predicated
     output channels of 8 lanes: EfficientNet's, MobileNetV3's), tiles five vectors wide where
     four rows of them fit (AVX-512's 24 accumulators) rather than one vector wide (a 3x3 conv of
     40 -> 40 channels on 28x28: 16x1 tiles 191-204 us, 4x5 128-138 us; 1x1 convs into 40 or 200
-    channels 1.07-1.3x; `scripts/ragged_shapes.py fivewide`. EfficientNet-B0's and MobileNetV3's
-    1x1 ones are too small a share of them to show end to end: 0.99x and 1.00x at 224x224)."""
+    channels 1.07-1.3x; `scripts/ragged_shapes.py fivewide`. In EfficientNet-B0 and MobileNetV3
+    such convolutions are too small a share of the time to show end to end: 0.99x and 1.00x at
+    224x224, `library_ab.py`)."""
     widths = (*_five_wide(vectors, acc), 3, 2, 1) if wide else (2, 1)
     shapes = [(_row_tile(rows, acc // v), v) for v in widths if vectors % v == 0]
     shapes = [(ti, tv) for ti, tv in shapes if tv < 3 or (ti >= 4 and not (predicated and rows % ti))]
