@@ -8,7 +8,7 @@ int32 convolutions and matmuls get none of the register-tiled float kernels (ddd
 CRNN ran at 0.30x of onnxruntime, 0.67x after, in sweeps an hour apart). Each integer operator
 computes a sum of products of small integers (the inputs less their zero points), which float32
 holds exactly while a sum stays under 2^24; so each becomes the float operator on the shifted
-values, cast back to int32 (unless the graph casts it straight on to float), and the rest of the
+values, cast back to int32 (unless the graph casts it on to float, a bias added), and the rest of the
 graph is left as written: the constant weights' shift and cast fold at import, and the model
 keeps its meaning, its quantized activations included. The rewrite is
 done on the ONNX graph before import, as onnx_qlinear's, so onnxslim and onnxruntime see the
@@ -27,18 +27,34 @@ def to_float(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     A node whose zero point is given per row of A (MatMulInteger) or per output channel of a
     weight of unknown rank is left to TVM's converter."""
     ranks = {i.name: len(i.dims) for i in model.graph.initializer}
-    back = _cast_back_to_float(model.graph)
+    chains = _chains_to_float(model.graph)
+    made = {o: n for n in model.graph.node for o in n.output}
+    rounded = {n.output[0]: n.input[0] for n in model.graph.node  # int32 of a whole float -> that float
+               if n.op_type == "Cast" and [a.i for a in n.attribute if a.name == "to"] == [TensorProto.INT32]
+               and getattr(made.get(n.input[0]), "op_type", None) in ("Floor", "Ceil", "Round")}
     nodes: list[onnx.NodeProto] = []
     count = 0
-    merged: set[str] = set()  # outputs of the casts back to float that the float ops now write
+    floats: dict[str, str] = {}  # an int32 value of a rewritten chain -> the float value computed instead
+    named: dict[str, str] = {}  # a chain's Add output -> the name of its float result
+    dropped: set[str] = set()  # outputs of the chains' casts to float, now written by the float ops
     for node in model.graph.node:
-        if node.op_type == "Cast" and node.output[0] in merged:
+        if node.op_type == "Cast" and node.output[0] in dropped:
             continue
-        rewritten = _rewrite(node, ranks, back) if node.domain in ("", "ai.onnx") else None
+        if node.op_type == "Add" and node.output[0] in named and any(i in floats for i in node.input):
+            nodes.extend(_float_add(node, floats, named[node.output[0]], rounded))
+            continue
+        chain = chains.get(node.output[0]) if node.output else None
+        into = None if chain is None else chain[1].output[0] if not chain[0] else f"{node.output[0]}/float"
+        rewritten = _rewrite(node, ranks, into) if node.domain in ("", "ai.onnx") else None
         nodes.extend(rewritten or [node])
         count += rewritten is not None
-        if rewritten and node.output[0] in back:
-            merged.add(back[node.output[0]])
+        if rewritten and chain is not None:
+            adds, cast = chain
+            floats[node.output[0]] = into  # type: ignore[assignment]
+            named.update({a.output[0]: f"{a.output[0]}/float" for a in adds[:-1]})
+            if adds:
+                named[adds[-1].output[0]] = cast.output[0]
+            dropped.add(cast.output[0])
     if not count:
         return model, 0
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -47,29 +63,55 @@ def to_float(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return model, count
 
 
-def _cast_back_to_float(graph: onnx.GraphProto) -> dict[str, str]:
-    """integer op output -> the output of the Cast to float that is its only use. quantize_dynamic
-    casts every ConvInteger/MatMulInteger result straight back to float: the float op's exact
-    integer result is that cast's value, and the round trip through int32 in between (a float ->
-    int cast guards non-finite values with a select, which TVM 0.27's ConvertLayout cannot move)
-    kept the int8 CRNN's convolution epilogues channels-first, behind transposes."""
+def _chains_to_float(graph: onnx.GraphProto) -> dict[str, tuple[list[onnx.NodeProto], onnx.NodeProto]]:
+    """integer op output -> (the int32 Adds it flows through, the Cast to float that ends them),
+    each value the only use of the one before. quantize_dynamic casts every ConvInteger or
+    MatMulInteger result back to float, some after adding a bias quantized at run time to int32:
+    the float op's exact integer result is what those compute, and the round trip through int32
+    (a float -> int cast guards non-finite values with a select, which TVM 0.27's ConvertLayout
+    cannot move) kept the convolutions' epilogues channels-first, behind transposes."""
     uses: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             uses.setdefault(name, []).append(node)
     outputs = {o.name for o in graph.output}
-    back = {}
+    chains = {}
     for node in graph.node:
-        if node.op_type not in ("ConvInteger", "MatMulInteger") or node.output[0] in outputs:
+        if node.op_type not in ("ConvInteger", "MatMulInteger"):
             continue
-        found = uses.get(node.output[0], [])
-        to = [a.i for a in found[0].attribute if a.name == "to"] if len(found) == 1 else []
-        if found and found[0].op_type == "Cast" and to == [TensorProto.FLOAT]:
-            back[node.output[0]] = found[0].output[0]
-    return back
+        value, adds = node.output[0], []
+        while value not in outputs and len(uses.get(value, [])) == 1:
+            use = uses[value][0]
+            if use.op_type == "Add" and list(use.input).count(value) == 1 and len(use.input) == 2:
+                adds.append(use)
+                value = use.output[0]
+                continue
+            if use.op_type == "Cast" and [a.i for a in use.attribute if a.name == "to"] == [TensorProto.FLOAT]:
+                chains[node.output[0]] = (adds, use)
+            break
+    return chains
 
 
-def _rewrite(node: onnx.NodeProto, ranks: dict[str, int], back: dict[str, str]) -> list[onnx.NodeProto] | None:
+def _float_add(node: onnx.NodeProto, floats: dict[str, str], out: str,
+               rounded: dict[str, str]) -> list[onnx.NodeProto]:
+    """A chain's int32 Add in float. Its other operand (the bias) is the float it was cast from
+    where that was already a whole number (Floor, Ceil or Round: what quantize_dynamic's run-time
+    bias quantization casts; ONNX leaves a cast out of int32's range undefined), else cast back
+    to float: a float -> int32 cast's non-finite guard, a select, kept its whole chain
+    channels-first."""
+    mine = next(i for i in node.input if i in floats)
+    other = next(i for i in node.input if i != mine)
+    floats[node.output[0]] = out
+    add = helper.make_node("Add", [floats[mine], rounded.get(other, f"{other}/float")], [out],
+                           name=f"{node.name or node.output[0]}/float")
+    if other in rounded:
+        return [add]
+    return [helper.make_node("Cast", [other], [f"{other}/float"], to=TensorProto.FLOAT), add]
+
+
+def _rewrite(node: onnx.NodeProto, ranks: dict[str, int], into: str | None) -> list[onnx.NodeProto] | None:
+    """The float op for an integer one, its result cast to int32; or its float result written
+    to `into` (a chain's value, see _chains_to_float)."""
     if node.op_type not in ("ConvInteger", "MatMulInteger"):
         return None
     conv = node.op_type == "ConvInteger"
@@ -101,9 +143,9 @@ def _rewrite(node: onnx.NodeProto, ranks: dict[str, int], back: dict[str, str]) 
 
     af = shifted(a, a_zero, "a")
     bf = shifted(b, b_zero, "b", ranks.get(b, 0) if conv else 0)
-    y = back.get(node.output[0], f"{base}/float")
+    y = into or f"{base}/float"
     out.append(helper.make_node("Conv" if conv else "MatMul", [af, bf], [y], name=f"{base}/{node.op_type[:-7]}",
                                 **({at.name: helper.get_attribute_value(at) for at in node.attribute} if conv else {})))
-    if node.output[0] not in back:
+    if into is None:
         out.append(helper.make_node("Cast", [y], [node.output[0]], to=TensorProto.INT32))
     return out

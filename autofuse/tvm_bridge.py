@@ -241,6 +241,10 @@ def _rewrite_functions(mod: tvm.IRModule, rewriter_class: type) -> tvm.IRModule:
     return rewriter.builder_.get()
 
 
+_BROADCAST_BINARY = {f"relax.{op}" for op in (
+    "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum")}
+
+
 @relax.expr_functor.mutator
 class _LayoutRewriter(relax.PyExprMutator):
     """Ops without a layout rule, as the elementwise ops they compute (see LayoutFriendlyOps)."""
@@ -272,11 +276,31 @@ class _LayoutRewriter(relax.PyExprMutator):
                 return call
             axis = int(call.attrs.axis) % ndim
             return emit(relax.op.concat([emit(relax.op.expand_dims(p, [axis])) for p in parts], axis))
+        if name in _BROADCAST_BINARY and len(call.args) == 2:
+            return self._full_rank_operands(call)
         if name == "relax.astype" and dtype == str(call.attrs.dtype):
             # a cast to the type it has: a copy kernel (a float16 model's casts, computed in
             # float32 on the CPU by onnx_float16, become these)
             return x
         return call
+
+    def _full_rank_operands(self, call: relax.Call) -> relax.Expr:
+        """A binary op whose operand of lower rank is computed at run time, reshaped to the other's
+        rank: TVM 0.27's layout rule keeps the op channels-first when the ranks differ, behind a
+        transpose each way (an int8 model's run-time quantized bias, [C, 1, 1], added to every
+        convolution's output). A constant is left alone, as ConvertLayout handles those."""
+        a, b = call.args
+        ranks = [getattr(getattr(x, "ty", None), "ndim", -1) for x in (a, b)]
+        if min(ranks) < 1 or ranks[0] == ranks[1]:
+            return call
+        low = 0 if ranks[0] < ranks[1] else 1
+        x = call.args[low]
+        shape = [getattr(d, "value", None) for d in x.ty.shape.values] if x.ty.shape is not None else [None]
+        if isinstance(x, tvm.ir.expr.Constant) or not all(isinstance(d, int) for d in shape):
+            return call
+        full = self.builder_.normalize(relax.op.reshape(x, [1] * abs(ranks[0] - ranks[1]) + shape))
+        args = [full, b] if low == 0 else [a, full]
+        return self.builder_.normalize(relax.Call(call.op, args, call.attrs))
 
     def _axes_from_zero(self, call: relax.Call) -> relax.Expr:
         """squeeze and permute_dims with their axes counted from the front. TVM 0.27's layout
