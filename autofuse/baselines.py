@@ -110,6 +110,32 @@ def pool_rounds(rounds: Sequence[Any], default: Any = None) -> dict[str, Any]:
             "error": None}
 
 
+def rounds_beside_onnxruntime(
+    measurer: Any, plans: Sequence[Any], rounds: int, config: Any, model: onnx.ModelProto | None, default: Any
+) -> tuple[Any, dict[str, Any] | None]:
+    """decision.measure_rounds over `plans` (each round in a fresh worker of `measurer`), with
+    onnxruntime running `model` in the worker and taking its turns among the plans' samples.
+    Returns the Rounds and onnxruntime's row (pool_rounds, paired with the plan `default`), or
+    None for it without an ONNX model."""
+    import tempfile
+
+    from autofuse.decision import measure_rounds
+
+    ort: list[Any] = []  # onnxruntime's Measurement, one per round
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_for_onnxruntime(model, tmp) if model is not None else None
+
+        def measure_many(ps: list[Any], c: Any) -> list[Any]:
+            if path is None:
+                return measurer.measure_together(ps, config=c)
+            got, baseline = measurer.measure_beside_onnxruntime(ps, path, config=c)
+            ort.append(baseline)
+            return got
+
+        res = measure_rounds(measure_many, plans, rounds, config, between=measurer.restart)
+    return res, pool_rounds(ort, res.good.get(default.key)) if ort else None
+
+
 def median_and_spread(samples: Sequence[float]) -> tuple[float, float | None]:
     med = statistics.median(samples)
     if len(samples) < 2:

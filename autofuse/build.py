@@ -340,9 +340,10 @@ def time_interleaved(
     plan, the order rotated each time), so that the k-th samples of all plans are neighbours in
     time; `others` (functions returning one sample each: a baseline's, baselines.sampler) take
     their turns too, their samples listed after the executables'. On a shared host a slow spell
-    lasts from milliseconds to seconds: plans timed one after the other were judged in different spells (BERT's two best plans: per-plan medians 2% apart,
-    per-round gains from -48% to +4%), while neighbouring samples share it (the same two plans
-    differed by 2.0-2.8% in every process)."""
+    lasts from milliseconds to seconds: plans timed one after the other were judged in different
+    spells (BERT's two best plans: per-plan medians 2% apart, per-round gains from -48% to +4%),
+    while neighbouring samples share it (the same two plans differed by 2.0-2.8% in every
+    process)."""
     vms = [relax.VirtualMachine(ex, dev) for ex in executables]
     args = [tvm.runtime.tensor(x, dev) for x in inputs]
     timers = []

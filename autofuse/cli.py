@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -346,13 +345,10 @@ def bench(
 ) -> None:
     """unfused, tvm_default, autofuse tuned (and onnxruntime) side by side in one run."""
     from autofuse import deploy
-    from autofuse.baselines import pool_rounds
-    from autofuse.baselines import save_for_onnxruntime
+    from autofuse.baselines import rounds_beside_onnxruntime
     from autofuse.build import cpu_threads
     from autofuse.build import MeasureConfig
-    from autofuse.decision import measure_rounds
     from autofuse.measure import IsolatedMeasurer
-    from autofuse.measure import Measurement
     from autofuse.metrics import plan_metrics
 
     _run(lambda: _check_target(target))
@@ -367,22 +363,12 @@ def bench(
     database = str(log_dir / "metaschedule")
     plans = (("unfused", w.unfused()), ("tvm_default", w.tvm_default()), ("autofuse", chosen.plan))
     config = MeasureConfig(repeat=max(3, repeat // max(1, rounds)))
-    ort: list[Measurement] = []  # onnxruntime's, one per round
-    with tempfile.TemporaryDirectory() as tmp, \
-            IsolatedMeasurer(w, target=target, config=config, scheduler=scheduler, database=database) as m:
-        onnx_path = save_for_onnxruntime(w.loaded.onnx_model, tmp) if w.loaded.onnx_model is not None else None
-
-        def measure_many(ps: list, c: MeasureConfig) -> list[Measurement]:
-            if onnx_path is None:
-                return m.measure_together(ps, config=c)
-            got, baseline = m.measure_beside_onnxruntime(ps, onnx_path, config=c)
-            ort.append(baseline)
-            return got
-
+    with IsolatedMeasurer(w, target=target, config=config, scheduler=scheduler, database=database) as m:
         # the tuner's protocol: rounds each in a fresh process (a process's memory layout alone
         # moved TVM's plan for transformer_block between 38 and 58 us), the plans timed in turns,
         # onnxruntime's samples among theirs (timed after them, a slow spell fell on one side)
-        res = measure_rounds(measure_many, [p for _, p in plans], rounds, config, between=m.restart)
+        res, ort = rounds_beside_onnxruntime(m, [p for _, p in plans], rounds, config, w.loaded.onnx_model,
+                                             w.tvm_default())
     for label, plan in plans:
         r = res.good.get(plan.key) or res.failed.get(plan.key)
         pm = plan_metrics(w.graph, plan)
@@ -390,9 +376,8 @@ def bench(
                      "median_s": r.median_s if r and r.ok else None, "spread": res.noise.get(plan.key),
                      "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error if r else None,
                      "plan": plan.key, "vs_tvm_default": res.speedup(w.tvm_default().key, plan.key)})
-    if ort:
-        pooled = pool_rounds(ort, res.good.get(w.tvm_default().key))
-        rows.append({"name": "onnxruntime", **pooled, "status": "ok" if pooled["status"] == "ok" else "error"})
+    if ort is not None:
+        rows.append({"name": "onnxruntime", **ort, "status": "ok" if ort["status"] == "ok" else "error"})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
               "threads": cpu_threads(), "scheduler": scheduler}
     if as_json:

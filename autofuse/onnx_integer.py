@@ -8,11 +8,10 @@ int32 convolutions and matmuls get none of the register-tiled float kernels (ddd
 CRNN ran at 0.30x of onnxruntime, 0.67x after, in sweeps an hour apart). Each integer operator
 computes a sum of products of small integers (the inputs less their zero points), which float32
 holds exactly while a sum stays under 2^24; so each becomes the float operator on the shifted
-values, cast back to int32 (unless the graph casts it on to float, a bias added), and the rest of the
-graph is left as written: the constant weights' shift and cast fold at import, and the model
-keeps its meaning, its quantized activations included. The rewrite is
-done on the ONNX graph before import, as onnx_qlinear's, so onnxslim and onnxruntime see the
-same model.
+values, cast back to int32 (unless the graph casts it on to float, a bias added), and the
+rest of the graph is left as written: the constant weights' shift and cast fold at import, and
+the model keeps its meaning, its quantized activations included. The rewrite is done on the
+ONNX graph before import, as onnx_qlinear's, so onnxslim and onnxruntime see the same model.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ def to_float(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     chains = _chains_to_float(model.graph)
     made = {o: n for n in model.graph.node for o in n.output}
     rounded = {n.output[0]: n.input[0] for n in model.graph.node  # int32 of a whole float -> that float
-               if n.op_type == "Cast" and [a.i for a in n.attribute if a.name == "to"] == [TensorProto.INT32]
+               if _cast_to(n) == TensorProto.INT32
                and getattr(made.get(n.input[0]), "op_type", None) in ("Floor", "Ceil", "Round")}
     nodes: list[onnx.NodeProto] = []
     count = 0
@@ -86,10 +85,17 @@ def _chains_to_float(graph: onnx.GraphProto) -> dict[str, tuple[list[onnx.NodePr
                 adds.append(use)
                 value = use.output[0]
                 continue
-            if use.op_type == "Cast" and [a.i for a in use.attribute if a.name == "to"] == [TensorProto.FLOAT]:
+            if _cast_to(use) == TensorProto.FLOAT:
                 chains[node.output[0]] = (adds, use)
             break
     return chains
+
+
+def _cast_to(node: onnx.NodeProto) -> int | None:
+    """The element type a Cast node casts to (None for any other node)."""
+    if node.op_type != "Cast":
+        return None
+    return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
 def _float_add(node: onnx.NodeProto, floats: dict[str, str], out: str,

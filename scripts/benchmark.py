@@ -21,7 +21,6 @@ import math
 import os
 import resource
 import sys
-import tempfile
 import time
 from datetime import datetime
 from datetime import timezone
@@ -32,12 +31,10 @@ import numpy as np
 
 from autofuse import models as builtin
 from autofuse.baselines import median_and_spread
-from autofuse.baselines import pool_rounds
-from autofuse.baselines import save_for_onnxruntime
+from autofuse.baselines import rounds_beside_onnxruntime
 from autofuse.baselines import time_callable
 from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
-from autofuse.decision import measure_rounds
 from autofuse.importer import random_inputs
 from autofuse.measure import IsolatedMeasurer
 from autofuse.metrics import plan_metrics
@@ -144,17 +141,9 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
     or a slowdown."""
-    ort: list[Any] = []
-    with tempfile.TemporaryDirectory() as tmp, \
-            IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
-        onnx_path = save_for_onnxruntime(w.loaded.onnx_model, tmp)
-
-        def measure_many(ps: list[Any], c: MeasureConfig) -> list[Any]:
-            got, baseline = m.measure_beside_onnxruntime(ps, onnx_path, config=c)
-            ort.append(baseline)
-            return got
-
-        res = measure_rounds(measure_many, list(plans.values()), rounds, MeasureConfig(repeat=repeat), between=m.restart)
+    with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
+        res, ort = rounds_beside_onnxruntime(m, list(plans.values()), rounds, MeasureConfig(repeat=repeat),
+                                             w.loaded.onnx_model, plans["tvm_default"])
     out = {}
     for name, plan in plans.items():
         same = [n for n, p in plans.items() if p.key == plan.key and n != name]
@@ -166,10 +155,9 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
         out[name] = {**row, "same_plan_as": same}
         if "tvm_default" in plans:
             out[name]["paired_vs_tvm_default"] = res.speedup(plans["tvm_default"].key, plan.key)
-    pooled = pool_rounds(ort, res.good.get(plans["tvm_default"].key) if "tvm_default" in plans else None)
-    out["onnxruntime"] = {"median_s": pooled["median_s"], "noise": pooled["spread"],
-                          "status": "ok" if pooled["status"] == "ok" else f"{pooled['status']}: {pooled['error']}",
-                          "paired_vs_tvm_default": pooled["vs_tvm_default"]}
+    out["onnxruntime"] = {"median_s": ort["median_s"], "noise": ort["spread"],
+                          "status": "ok" if ort["status"] == "ok" else f"{ort['status']}: {ort['error']}",
+                          "paired_vs_tvm_default": ort["vs_tvm_default"]}
     return out
 
 

@@ -231,22 +231,13 @@ def _row(name: str, exporter: str, res: dict[str, Any]) -> str:
     us = lambda s: f"{s * 1e6:,.1f}" if s else "-"  # noqa: E731
     default = plans.get("tvm_default", {})
     ort = res.get("onnxruntime_s")
-    best_s = ok[best]["median_s"] if best else None
     vs = ok[best].get("vs_tvm_default") if best else None
     return (f"| {name} | {exporter} | {res['ops']} | {len(ok)}/{len(plans)} ok"
             + (f" ({'; '.join(failed)})" if failed else "")
             + f" | {us(plans.get('unfused', {}).get('median_s'))} | {us(default.get('median_s'))}"
             + f" | {best} {f'{vs:.2f}x' if vs else ''} | {us(ort)}"
-            + f" | {_ratio(res, ort, best_s)}"
+            + f" | {f'{ratio:.2f}x' if (ratio := res.get('onnxruntime_over_best')) else '-'}"
             + f" | {_match(res)} |")
-
-
-def _ratio(res: dict[str, Any], ort: float | None, best_s: float | None) -> str:
-    """onnxruntime's latency over the best plan's: paired (samples taken in turns) where the
-    run had them, else the ratio of medians (results of runs before they were paired)."""
-    if res.get("onnxruntime_over_best"):
-        return f"{res['onnxruntime_over_best']:.2f}x"
-    return f"{ort / best_s:.2f}x" if ort and best_s else "-"
 
 
 def _match(res: dict[str, Any]) -> str:

@@ -35,10 +35,9 @@ def test_integer_operators_compute_as_onnxruntimes(tmp_path, model, per_channel)
     # each result went on to float as it was: no cast through int32 (whose non-finite guard,
     # a where, kept the epilogues channels-first: a transpose into and out of each of them)
     assert "int32" not in " ".join(n.dtype for n in w.graph.nodes) and "where" not in ops
-    if model is conv_block:  # NCHW in and out only (9 transposes through int32)
+    if model is conv_block:  # float convolutions, channels-last; NCHW in and out only (9 through int32)
+        assert "conv2d_nhwc" in w.mod.script(), ops
         assert sum(n.op.startswith("transpose") for n in w.graph.nodes) == 2, ops
-    if model is conv_block:
-        assert "conv2d_nhwc" in w.mod.script(), ops  # float convolutions, channels-last
     feeds = random_inputs(w.inputs)
     got = build.run(build.build(apply.apply_plan(w.mod, w.graph, w.tvm_default()), build.make_target("llvm")),
                     build.device_for(build.make_target("llvm")), feeds)
