@@ -403,12 +403,15 @@ def kernel_args(prim: tvm.tirx.PrimFunc, dev: tvm.runtime.Device, rng: np.random
 def time_kernels(
     mod: tvm.IRModule, names: Sequence[str], target: tvm.target.Target, config: MeasureConfig
 ) -> dict[str, float]:
-    """Median latency of each named PrimFunc run alone on random buffers (one compile for all).
+    """Median latency of each named PrimFunc run alone on random buffers (one compile for all);
+    kernels of run-time sizes are left out (schedule.static_buffers).
 
     This is what the cost model learns from: per-group kernel time, the same kernel measured
     once however many plans contain it.
     """
-    funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names)}
+    from autofuse.schedule import static_buffers
+
+    funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names) if static_buffers(mod[n])}
     lib = tvm.compile(tvm.IRModule(funcs), target=target).jit()
     dev = device_for(target)
     rng = np.random.default_rng(0)

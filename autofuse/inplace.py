@@ -33,6 +33,7 @@ from tvm import tirx
 
 from autofuse.schedule import _is_one
 from autofuse.schedule import new_schedule
+from autofuse.schedule import static_buffers
 from autofuse.tvm_bridge import call_tir_op
 from autofuse.tvm_bridge import is_kernel_call
 
@@ -146,6 +147,8 @@ def _inplace_args(prim: object) -> list[int]:
     out = prim.params[-1]
     if sum(any(w.source.same_as(p) for p in prim.params) for b in blocks for w in b.writes) != 1:
         return []  # several outputs, or one written by several blocks
+    if not static_buffers(prim):
+        return []  # sizes known only at run time (after NonMaxSuppression): out of place
     shape = [int(d) for d in out.shape]
     return [k for k, buf in enumerate(prim.params[:-1])
             if str(buf.dtype) == str(out.dtype) and [int(d) for d in buf.shape] == shape

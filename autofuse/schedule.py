@@ -1624,6 +1624,8 @@ class ScheduleCPU:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
         for gv, func in unscheduled_kernels(mod).items():
+            if not static_buffers(func):
+                continue
             try:
                 scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits), accumulators(self.vector_bits))
             except Exception:  # a kernel the rule cannot handle stays as it is: correct, slow
@@ -1636,6 +1638,14 @@ class ScheduleCPU:
         for gv, func in updates.items():
             out[gv] = func
         return pack_constants(out) if self.prepack else out
+
+
+def static_buffers(func: tirx.PrimFunc) -> bool:
+    """Every parameter a buffer of constant shape. Kernels after a detector's NonMaxSuppression
+    also take sizes known only at run time: no rule here schedules them (they stay plain loops,
+    a small share of such a model), and they cannot be run alone on buffers made up for them."""
+    return all(isinstance(p.ty, tirx.BufferType) and all(isinstance(d, tirx.IntImm) for d in p.shape)
+               for p in func.params)
 
 
 def unscheduled_kernels(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, tirx.PrimFunc]:

@@ -101,7 +101,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         mod = tvm.transform.Sequential([relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()])(mod)
     seq = tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(_FLOAT_CLASS_TESTS),
+            relax.transform.LegalizeOps(_LEGALIZE),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.DeadCodeElimination(),
@@ -155,7 +155,121 @@ def _legalize_float_class(op_name: str):
     return legalize
 
 
-_FLOAT_CLASS_TESTS = {name: _legalize_float_class(name) for name in ("relax.isnan", "relax.isinf")}
+def _legalize_nms_padded(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """ONNX NonMaxSuppression as its kernel returns it: the padded rows and their count.
+
+    TVM's legalisation trims the rows itself, to a tensor of two run-time sizes, after the ops
+    reading it were typed: ops after it (a YOLO model's gathers, with their index arithmetic
+    against a dimension of 3) lost their shapes and failed to legalise. The importer trims
+    instead (onnx_corrections._non_max_suppression), before anything reads the rows.
+
+    The kernel is `_nms_above_threshold`'s."""
+    boxes, scores, most, iou, score = call.args
+    if call.attrs.output_format != "onnx" or not isinstance(most, tvm.ir.expr.GenericConst) \
+            or int(most.value.numpy()) <= 0:
+        return tvm.ir.Op.get("relax.vision.all_class_non_max_suppression").get_attr("FLegalize")(bb, call)
+    return bb.call_te(_nms_above_threshold, boxes, scores, int(most.value.numpy()), iou, score,
+                      primfunc_name_hint="all_class_non_max_suppression")
+
+
+def _nms_above_threshold(boxes: object, scores: object, most: int, iou: object, score: object) -> list:
+    """ONNX NonMaxSuppression over all classes: (padded selected rows (batch x classes x most,
+    3), their count (1,)), rows by batch, class, then score as ONNX orders them.
+
+    TVM's kernel (topi.vision.all_class_non_max_suppression) argsorts every class's scores in
+    full before it finds the threshold (a YOLOv8n at 320, 18 classes x 2100 anchors: 2.4 of its
+    16 ms, with no score above it), runs the classes one after another, suppresses at an IoU
+    equal to the threshold and never a box scored at or below zero. Here each class's scores
+    above the threshold are copied out in box order and only those sorted (stable: ties keep
+    box order); the classes then run in parallel, each keeping its best box left and dropping
+    the boxes it overlaps by more than the IoU threshold, as onnxruntime does (boxes as
+    opposite corners in either order; an empty box overlaps nothing)."""
+    from tvm import te
+    from tvm import topi
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    batch, classes, count = (int(d) for d in scores.shape)
+    rows = batch * classes
+    flat = topi.reshape(scores, (rows, count))
+
+    def above_ir(src, thr, out_s, out_b, out_n):  # noqa: ANN001, ANN202
+        with IRBuilder() as ib:
+            src, thr, out_s, out_b, out_n = (T.buffer_proxy(b) for b in (src, thr, out_s, out_b, out_n))
+            with T.parallel(0, rows) as r:
+                n = T.buffer_proxy(T.decl_buffer([1], "int32", scope="local"))
+                n[0] = T.int32(0)
+                with T.serial(0, count) as i:
+                    with T.If(src[r, i] > thr[()]):
+                        with T.Then():
+                            out_s[r, n[0]] = src[r, i]
+                            out_b[r, n[0]] = T.Cast("int32", i)
+                            n[0] = n[0] + 1
+                out_n[r] = n[0]
+            return ib.get()
+
+    kept_scores, kept_boxes, kept = te.extern(
+        [(rows, count), (rows, count), (rows,)], [flat, score],
+        lambda ins, outs: above_ir(ins[0], ins[1], outs[0], outs[1], outs[2]),
+        dtype=[scores.dtype, "int32", "int32"], name="above_threshold", tag="above_threshold")
+    # the first kept[r] of each row, by score descending; the rest are never read
+    order = topi.argsort(kept_scores, valid_count=kept, axis=1, is_ascend=False, dtype="int32")
+
+    def suppress_ir(box, kept_b, kept_n, order, thr, picked, found, alive, out, total):  # noqa: ANN001, ANN202
+        with IRBuilder() as ib:
+            box, kept_b, kept_n, order, thr, picked, found, alive, out, total = (
+                T.buffer_proxy(b) for b in (box, kept_b, kept_n, order, thr, picked, found, alive, out, total))
+
+            def corners(b, i):  # noqa: ANN001, ANN202 - (y_lo, x_lo, y_hi, x_hi)
+                y1, x1, y2, x2 = (box[b, i, k] for k in range(4))
+                return T.min(y1, y2), T.min(x1, x2), T.max(y1, y2), T.max(x1, x2)
+
+            with T.seq_scope():
+                with T.parallel(0, rows) as r:
+                    b = r // classes
+                    n = T.buffer_proxy(T.decl_buffer([1], "int32", scope="local"))
+                    n[0] = T.int32(0)
+                    with T.serial(0, kept_n[r]) as j:
+                        alive[r, j] = T.int8(1)
+                    with T.serial(0, kept_n[r]) as j:
+                        with T.If(tvm.tirx.all(alive[r, j] == 1, n[0] < most)):
+                            with T.Then():
+                                a = kept_b[r, order[r, j]]
+                                picked[r, n[0]] = a
+                                n[0] = n[0] + 1
+                                ay0, ax0, ay1, ax1 = corners(b, a)
+                                area_a = (ay1 - ay0) * (ax1 - ax0)
+                                with T.serial(j + 1, kept_n[r]) as k:
+                                    with T.If(alive[r, k] == 1):
+                                        with T.Then():
+                                            by0, bx0, by1, bx1 = corners(b, kept_b[r, order[r, k]])
+                                            area_b = (by1 - by0) * (bx1 - bx0)
+                                            h = T.max(T.float32(0), T.min(ay1, by1) - T.max(ay0, by0))
+                                            w = T.max(T.float32(0), T.min(ax1, bx1) - T.max(ax0, bx0))
+                                            union = area_a + area_b - h * w
+                                            with T.If(tvm.tirx.all(area_a > 0, area_b > 0, h * w > 0,
+                                                                   h * w > thr[()] * union)):
+                                                with T.Then():
+                                                    alive[r, k] = T.int8(0)
+                    found[r] = n[0]
+                total[0] = T.int64(0)  # rows written so far, then their count
+                with T.serial(0, rows) as r:
+                    with T.serial(0, found[r]) as t:
+                        out[total[0] + t, 0] = T.Cast("int64", r // classes)
+                        out[total[0] + t, 1] = T.Cast("int64", r % classes)
+                        out[total[0] + t, 2] = T.Cast("int64", picked[r, t])
+                    total[0] = total[0] + T.Cast("int64", found[r])
+            return ib.get()
+
+    _, _, _, indices, total = te.extern(
+        [(rows, most), (rows,), (rows, count), (rows * most, 3), (1,)], [boxes, kept_boxes, kept, order, iou],
+        lambda ins, outs: suppress_ir(*ins, *outs),
+        dtype=["int32", "int32", "int8", "int64", "int64"], name="suppress", tag="suppress")
+    return [indices, total]
+
+
+_LEGALIZE = {**{name: _legalize_float_class(name) for name in ("relax.isnan", "relax.isinf")},
+             "relax.vision.all_class_non_max_suppression": _legalize_nms_padded}
 
 
 @relax.expr_functor.mutator
@@ -563,6 +677,29 @@ def _static_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
         raise ValueError(f"{where}: symbolic shape {shape}; fix the input dimensions") from err
 
 
+def _run_time_sized(ty: object) -> bool:
+    """A tensor whose shape names a size known only when the model runs (the boxes a
+    NonMaxSuppression keeps, and whatever is computed from them)."""
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    fields = getattr(ty, "fields", None)
+    if fields is not None:
+        return any(_run_time_sized(f) for f in fields)
+    return values is not None and any(not isinstance(v, tvm.tirx.IntImm) for v in values)
+
+
+def _bounded_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
+    """_static_shape, a run-time size counted as 1: such kernels only stand alone (a model's
+    post-processing after NonMaxSuppression), their sizes serve as cost-model features only."""
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is not None and _run_time_sized(ty):
+        return tuple(int(v) if isinstance(v, tvm.tirx.IntImm) else 1 for v in values), str(ty.dtype)
+    return _static_shape(ty, where)
+
+
+def _call_args(call: relax.Call) -> list[relax.Expr]:
+    return list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+
+
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     bits = tvm.DataType(dtype).bits * max(tvm.DataType(dtype).lanes, 1)
     return int(np.prod(shape, dtype=np.int64)) * bits // 8
@@ -676,15 +813,16 @@ def _make_node(
     kind = OpKind(kind_value) if kind_value in OpKind._value2member_map_ else OpKind.OPAQUE
     var = binding.var
     tuple_out = not hasattr(var.ty, "shape")
+    sized = _run_time_sized(var.ty) or any(_run_time_sized(getattr(a, "ty", None)) for a in _call_args(call))
     if tuple_out:
         shape, dtype, out_bytes = (), "tuple", 0
         for field in var.ty.fields:
-            fshape, fdtype = _static_shape(field, var.name)
+            fshape, fdtype = _bounded_shape(field, var.name)
             out_bytes += _nbytes(fshape, fdtype)
     else:
-        shape, dtype = _static_shape(var.ty, var.name)
+        shape, dtype = _bounded_shape(var.ty, var.name)
         out_bytes = _nbytes(shape, dtype)
-    args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    args = _call_args(call)
     return OpNode(
         id=nid,
         name=var.name,
@@ -695,7 +833,7 @@ def _make_node(
         flops=_flops(mod, gv, flops_cache),
         bytes_in=sum(_arg_bytes(a) for a in args),
         bytes_out=out_bytes,
-        fusable=kind not in (OpKind.OPAQUE, OpKind.TUPLE),
+        fusable=kind not in (OpKind.OPAQUE, OpKind.TUPLE) and not sized,
     )
 
 
@@ -727,6 +865,9 @@ def fuseops_plan(mod: tvm.IRModule, graph: OpGraph) -> FusionPlan:
                 groups.append([_node_tag(fused[b.value.args[0]]) for b in _calls_in(inner)])
     found = {n for g in groups for n in g}
     groups.extend([n] for n in range(len(graph)) if n not in found)
+    # kernels of run-time sizes stand alone here too (FuseOps groups them; their share is small)
+    groups = [part for g in groups
+              for part in ([g] if all(graph.nodes[n].fusable for n in g) else [[n] for n in g])]
     return FusionPlan.from_groups(groups, "tvm_default")
 
 

@@ -135,6 +135,7 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
     when there is nothing to time (a failure, a build-only target, an export), else (result,
     (executable, device, scheduled module, kernel names, target))."""
     from autofuse import build
+    from autofuse.schedule import static_buffers
 
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
@@ -153,9 +154,9 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
             return out, None
     if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
         ex.export_library(req["export_to"])
-        out["kernel_params"] = {
+        out["kernel_params"] = {  # what the runner times each kernel alone on
             h: [[[int(d) for d in b.shape], str(b.dtype)] for b in scheduled[n].params]
-            for n, h in zip(kernels, out["kernels"])
+            for n, h in zip(kernels, out["kernels"]) if static_buffers(scheduled[n])
         }
         out["kernel_names"] = dict(zip(out["kernels"], kernels))
     if req.get("build_only") or req.get("export_to"):
@@ -244,7 +245,7 @@ def _time_new_kernels(
         by_name = build.time_kernels(scheduled, list(todo.values()), target, cfg)
     except Exception:  # kernel timing is only cost-model data; the plan itself measured fine
         return {}
-    return {h: by_name[n] for h, n in todo.items()}
+    return {h: by_name[n] for h, n in todo.items() if n in by_name}  # static_buffers only
 
 
 def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:

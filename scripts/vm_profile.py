@@ -36,7 +36,7 @@ def main() -> None:
     mod = apply_plan(w.mod, w.graph, w.tvm_default())
     ex = build(mod, make_target("llvm"))
     # each kernel's buffer shapes (inputs, weights, output last): to match onnxruntime's layers
-    shapes = {gv.name_hint: " ".join("x".join(str(int(d)) for d in b.shape) for b in f.params)
+    shapes = {gv.name_hint: " ".join("x".join(str(d) for d in getattr(b, "shape", ())) or str(b) for b in f.params)
               for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     feeds = [tvm.runtime.tensor(x, dev) for x in random_inputs(w.inputs)]
     whole = np.median(relax.VirtualMachine(ex, dev).time_evaluator("main", dev, number=3, repeat=5)(*feeds).results)

@@ -1,0 +1,118 @@
+"""Models with sizes known only at run time: a detector's NonMaxSuppression and what follows it.
+
+The kept boxes' count comes from the data; TVM's VM runs such kernels, but autofuse's graph
+needed a static shape on every kernel, so such a model failed to import ("symbolic shape ...;
+fix the input dimensions", though its inputs were fixed). Those kernels now stand alone; the
+rest of the model (the backbone, nearly all of the time) is planned and scheduled as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from autofuse import plan as plan_rules
+from autofuse.build import MeasureConfig
+from autofuse.measure import IsolatedMeasurer
+from autofuse.space import SearchSpace
+from autofuse.workload import prepare
+from tests.onnx_import import check_against_onnxruntime
+
+ANCHORS = 256
+
+
+def detector(score_threshold: float | None = 0.6, center_point_box: int = 1, most: int = 5,
+             iou: bool = True, logits: bool = False) -> onnx.ModelProto:
+    """conv -> (1, 4 + 4 classes, 256 anchors) as YOLOv8 lays it out -> NonMaxSuppression (at
+    most `most` boxes a class; no score threshold if None, no IoU threshold unless `iou`; scores
+    the raw `logits`, negative ones too, or their sigmoid) -> the kept boxes, their scores
+    (GatherND) and a matmul over the kept boxes; plus an output of static shape beside them."""
+    rng = np.random.default_rng(0)
+    consts = {
+        "w": rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.3,
+        "proj": rng.standard_normal((4, 16)).astype("float32"),
+        "rows": np.array([1, 8, ANCHORS], "int64"),
+        "zero": np.array([0], "int64"), "four": np.array([4], "int64"), "eight": np.array([8], "int64"),
+        "axis1": np.array([1], "int64"), "most": np.array([most], "int64"),
+        "iou": np.array([0.5], "float32"), "score": np.array([score_threshold or 0.0], "float32"),
+        "two": np.array(2, "int64"),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Reshape", ["r", "rows"], ["raw"]),
+        helper.make_node("Slice", ["raw", "zero", "four", "axis1"], ["box_rows"]),
+        helper.make_node("Transpose", ["box_rows"], ["boxes"], perm=[0, 2, 1]),
+        helper.make_node("Slice", ["raw", "four", "eight", "axis1"], ["logits"]),
+        helper.make_node("Identity" if logits else "Sigmoid", ["logits"], ["scores"]),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou" if iou else "",
+                                               "score" if score_threshold else ""],
+                         ["selected"],
+                         center_point_box=center_point_box),
+        helper.make_node("Gather", ["selected", "two"], ["anchor"], axis=1),
+        helper.make_node("Squeeze", ["boxes", "zero"], ["all_boxes"]),
+        helper.make_node("Gather", ["all_boxes", "anchor"], ["kept_boxes"], axis=0),
+        helper.make_node("GatherND", ["scores", "selected"], ["kept_scores"]),
+        helper.make_node("MatMul", ["kept_boxes", "proj"], ["embedded"]),
+        helper.make_node("ReduceMax", ["scores", "axis1"], ["best"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, ["kept", 4]),
+         helper.make_tensor_value_info("kept_scores", TensorProto.FLOAT, ["kept"]),
+         helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["kept", 16]),
+         helper.make_tensor_value_info("best", TensorProto.FLOAT, [1, ANCHORS])],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("center_point_box", [0, 1])
+def test_kept_boxes_match_onnxruntime_with_some_and_with_none_kept(tmp_path, center_point_box):
+    model = detector(center_point_box=center_point_box)
+    some = [np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32") * 3]
+    none = [np.zeros((1, 3, 16, 16), "float32")]  # every score sigmoid(0) = 0.5, under 0.6
+    _, got = check_against_onnxruntime(model, tmp_path / "some", feeds=some)
+    assert 0 < got[0].shape[0] <= 4 * 5  # 4 classes, at most 5 boxes each
+    _, got = check_against_onnxruntime(model, tmp_path / "none", feeds=none)
+    assert got[0].shape == (0, 4) and got[2].shape == (0, 16)
+
+
+@pytest.mark.parametrize("iou", [True, False])
+def test_every_box_a_candidate_and_no_real_maximum(tmp_path, iou):
+    """No score threshold on raw logits (negative scores too), the maximum torchvision exports
+    (INT64_MAX), with and without an IoU threshold (ONNX's default: 0, any overlap suppresses):
+    every box is sorted and suppressed against, and the padded output has a row per box and
+    class, not 2^63."""
+    model = detector(score_threshold=None, most=2**63 - 1, iou=iou, logits=True)
+    feeds = [np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype("float32") * 3]
+    _, got = check_against_onnxruntime(model, tmp_path, feeds=feeds)
+    assert got[0].shape[0] > 4 * 5
+    assert (got[1] <= 0).any()  # scores at or below zero kept
+
+
+def test_run_time_sized_kernels_stand_alone_and_every_seed_plan_builds(tmp_path):
+    path = tmp_path / "detector.onnx"
+    onnx.save(detector(score_threshold=0.2), path)
+    w = prepare(path)
+    sized = [n for n in w.graph.nodes if not n.fusable and n.op.startswith(("take", "gather_nd", "matmul"))]
+    assert len(sized) >= 3  # the gathers and the matmul after NonMaxSuppression
+    static = [n for n in w.graph.nodes if n.op.startswith(("conv2d", "sigmoid", "relu"))]
+    assert static and all(n.fusable for n in static)  # the backbone is planned as before
+    default = w.tvm_default()
+    plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
+    for p in plans:
+        plan_rules.validate(w.graph, p)
+    assert any(len(g) > 1 for g in default.groups)
+    with IsolatedMeasurer(w, config=MeasureConfig(timeout_s=300, repeat=2)) as m:
+        results = m.measure_together(plans, time_groups=True)
+    assert [r.status for r in results] == ["ok"] * len(plans), [r.error for r in results]
+    # the static kernels still timed alone for the cost model (one run-time sized kernel among
+    # them had lost every kernel's time)
+    assert len(results[1].kernel_latencies_s) >= len(static)
+
