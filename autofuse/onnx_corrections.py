@@ -158,7 +158,8 @@ def _non_max_suppression(bb: relax.BlockBuilder, inputs: list, attr: dict, param
     A maximum of boxes per class over the number of boxes (torchvision exports INT64_MAX) is
     that number: TVM sizes its padded buffer by it (and failed on an int32 overflow). An absent
     IoU threshold is 0 and an absent score threshold none, as ONNX has them (the stock
-    converter took 0.5 and dropped every score at or below 0)."""
+    converter took 0.5 and dropped every score at or below 0), and thresholds that are inputs
+    of the model are read when it runs (the stock converter took those defaults for them)."""
     boxes = (static_shape(inputs[1]) or (None,))[-1]
     inputs = [*inputs, *[None] * (5 - len(inputs))]
     most = const_int(inputs[2])
@@ -167,8 +168,16 @@ def _non_max_suppression(bb: relax.BlockBuilder, inputs: list, attr: dict, param
     # ONNX's defaults where the stock converter has others (IoU 0.5, scores above 0)
     inputs[3] = relax.const([0.0], "float32") if inputs[3] is None else inputs[3]
     inputs[4] = relax.const([float("-inf")], "float32") if inputs[4] is None else inputs[4]
-    padded = _stock("NonMaxSuppression")._impl_v10(bb, inputs, attr, params)
+    # thresholds given at run time (graph inputs) pass through; the stock converter reads
+    # constants only, and took its defaults for any other
+    given = {k: bb.emit(relax.op.reshape(inputs[k], [])) for k in (3, 4) if not is_const(inputs[k])}
+    stock_inputs = [relax.const([0.0], "float32") if k in given else x for k, x in enumerate(inputs)]
+    padded = _stock("NonMaxSuppression")._impl_v10(bb, stock_inputs, attr, params)
     nms = bb.lookup_binding(padded).tuple_value
+    if given:
+        call = bb.lookup_binding(nms)
+        nms = bb.emit(relax.Call(call.op, [given.get(k, a) for k, a in enumerate(call.args)], call.attrs))
+        padded = bb.emit(relax.TupleGetItem(nms, 0))
     count = bb.emit(relax.op.tensor_to_shape(bb.emit(relax.TupleGetItem(nms, 1))))
     kept = tirx.Var("kept", "int64")
     bb.match_cast(count, relax.ShapeType([kept]))

@@ -26,11 +26,12 @@ ANCHORS = 256
 
 
 def detector(score_threshold: float | None = 0.6, center_point_box: int = 1, most: int = 5,
-             iou: bool = True, logits: bool = False) -> onnx.ModelProto:
+             iou: bool = True, logits: bool = False, threshold_input: bool = False) -> onnx.ModelProto:
     """conv -> (1, 4 + 4 classes, 256 anchors) as YOLOv8 lays it out -> NonMaxSuppression (at
     most `most` boxes a class; no score threshold if None, no IoU threshold unless `iou`; scores
     the raw `logits`, negative ones too, or their sigmoid) -> the kept boxes, their scores
-    (GatherND) and a matmul over the kept boxes; plus an output of static shape beside them."""
+    (GatherND) and a matmul over the kept boxes; plus an output of static shape beside them.
+    With `threshold_input` the score threshold is the model's second input, not a constant."""
     rng = np.random.default_rng(0)
     consts = {
         "w": rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.3,
@@ -66,7 +67,9 @@ def detector(score_threshold: float | None = 0.6, center_point_box: int = 1, mos
          helper.make_tensor_value_info("kept_scores", TensorProto.FLOAT, ["kept"]),
          helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["kept", 16]),
          helper.make_tensor_value_info("best", TensorProto.FLOAT, [1, ANCHORS])],
-        [numpy_helper.from_array(v, k) for k, v in consts.items()])
+        [numpy_helper.from_array(v, k) for k, v in consts.items() if not (threshold_input and k == "score")])
+    if threshold_input:
+        graph.input.append(helper.make_tensor_value_info("score", TensorProto.FLOAT, [1]))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model)
     return model
@@ -94,6 +97,16 @@ def test_every_box_a_candidate_and_no_real_maximum(tmp_path, iou):
     _, got = check_against_onnxruntime(model, tmp_path, feeds=feeds)
     assert got[0].shape[0] > 4 * 5
     assert (got[1] <= 0).any()  # scores at or below zero kept
+
+
+def test_a_score_threshold_given_at_run_time_is_read_at_run_time(tmp_path):
+    model = detector(threshold_input=True)
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32") * 3
+    counts = []
+    for k, threshold in enumerate((0.55, 0.9999)):
+        _, got = check_against_onnxruntime(model, tmp_path / str(k), feeds=[x, np.array([threshold], "float32")])
+        counts.append(got[0].shape[0])
+    assert counts[0] > counts[1]
 
 
 def test_run_time_sized_kernels_stand_alone_and_every_seed_plan_builds(tmp_path):
