@@ -163,6 +163,9 @@ def _non_max_suppression(bb: relax.BlockBuilder, inputs: list, attr: dict, param
     boxes = (static_shape(inputs[1]) or (None,))[-1]
     inputs = [*inputs, *[None] * (5 - len(inputs))]
     most = const_int(inputs[2])
+    if inputs[2] is not None and most is None:  # the stock converter took 0: no box, silently
+        raise ValueError(f"NonMaxSuppression's max_output_boxes_per_class is the model input "
+                         f"'{getattr(inputs[2], 'name', '?')}': fix its value (--input NAME:1:int64=VALUE)")
     if boxes is not None and most is not None and most > boxes:
         inputs[2] = relax.const([boxes], "int64")
     # ONNX's defaults where the stock converter has others (IoU 0.5, scores above 0)

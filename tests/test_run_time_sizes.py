@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from autofuse import plan as plan_rules
 from autofuse.build import MeasureConfig
+from autofuse.importer import InputSpec
 from autofuse.measure import IsolatedMeasurer
 from autofuse.space import SearchSpace
 from autofuse.workload import prepare
@@ -107,6 +108,17 @@ def test_a_score_threshold_given_at_run_time_is_read_at_run_time(tmp_path):
         _, got = check_against_onnxruntime(model, tmp_path / str(k), feeds=[x, np.array([threshold], "float32")])
         counts.append(got[0].shape[0])
     assert counts[0] > counts[1]
+
+
+def test_a_box_limit_given_at_run_time_is_refused_by_name(tmp_path):
+    model = detector()
+    model.graph.initializer.remove(next(t for t in model.graph.initializer if t.name == "most"))
+    model.graph.input.append(helper.make_tensor_value_info("most", TensorProto.INT64, [1]))
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(Exception, match="max_output_boxes_per_class is the model input 'most'"):
+        prepare(tmp_path / "m.onnx")
+    w = prepare(tmp_path / "m.onnx", [InputSpec.parse("most:1:int64=3")])  # fixed as the error says
+    assert any(n.op.startswith("all_class_non_max_suppression") for n in w.graph.nodes)
 
 
 def test_run_time_sized_kernels_stand_alone_and_every_seed_plan_builds(tmp_path):
