@@ -17,7 +17,10 @@ a narrow integer type spelt its wrap-around out (see _cast).
 
 from __future__ import annotations
 
+import numpy as np
+import tvm
 from tvm import relax
+from tvm import tirx
 
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
@@ -144,6 +147,71 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
     return _stock("Cast")._impl_v13(bb, inputs, attr, params)
 
 
+_ELEMENTWISE = {"relax.add": lambda a, b: a + b, "relax.subtract": lambda a, b: a - b,
+                "relax.multiply": lambda a, b: a * b, "relax.less": lambda a, b: a < b}
+
+
+def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> list | None:
+    """The values of a small integer tensor computed from shapes (Shape -> Gather -> Concat,
+    with the index arithmetic ONNX's Gather brings), as expressions of the sizes: a size known
+    only at run time (the boxes a NonMaxSuppression keeps) stays a named size instead of an
+    unknown. None where anything in the chain is not such arithmetic."""
+    if depth > 64:
+        return None
+    if is_const(expr):
+        array = expr.value.numpy()
+        if array.ndim > 1 or array.dtype.kind not in "iub":
+            return None
+        return [tirx.const(int(v), "bool" if array.dtype.kind == "b" else "int64") for v in array.reshape(-1)]
+    value = bb.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    name, args = value.op.name, list(value.args)
+    if name == "relax.shape_to_tensor":
+        return list(getattr(args[0].ty, "values", None) or []) or None
+    if name in ("relax.expand_dims", "relax.squeeze", "relax.reshape", "relax.astype"):
+        return shape_values(bb, args[0], depth + 1)
+    if name == "relax.concat" and isinstance(args[0], relax.Tuple):
+        parts = [shape_values(bb, f, depth + 1) for f in args[0].fields]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    from tvm.sym.analyzer import Analyzer
+
+    ana = Analyzer()
+    if name == "relax.take":
+        data, index = shape_values(bb, args[0], depth + 1), shape_values(bb, args[1], depth + 1)
+        if data is None or index is None:
+            return None
+        picked = [ana.simplify(i) for i in index]
+        if not all(isinstance(i, tirx.IntImm) for i in picked):
+            return None
+        return [data[int(i) % len(data)] for i in picked]
+    if name in _ELEMENTWISE or name == "relax.where":
+        operands = [shape_values(bb, a, depth + 1) for a in args]
+        if any(o is None for o in operands):
+            return None
+        width = max(len(o) for o in operands)
+        if any(len(o) not in (1, width) for o in operands):
+            return None
+        rows = [[o[k if len(o) > 1 else 0] for o in operands] for k in range(width)]
+        if name == "relax.where":
+            return [ana.simplify(tirx.Select(c, a, b)) for c, a, b in rows]
+        return [ana.simplify(_ELEMENTWISE[name](a, b)) for a, b in rows]
+    return None
+
+
+def _constant_of_shape(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """A shape computed from a run-time size (torchvision's batch index for a RoiAlign: Shape of
+    the kept boxes -> Gather -> ConstantOfShape) as that size: the stock converter gave a tensor
+    of unknown shape, and the ops after it (a Flatten) failed to import."""
+    dims = shape_values(bb, inputs[0])
+    if dims is None or all(isinstance(d, tirx.IntImm) for d in dims):
+        return _stock("ConstantOfShape")._impl_v9(bb, inputs, attr, params)
+    from onnx import numpy_helper
+
+    value = numpy_helper.to_array(attr["value"]) if "value" in attr else np.zeros(1, "float32")
+    return relax.op.broadcast_to(relax.const(value.reshape(()), str(value.dtype)), relax.ShapeExpr(dims))
+
+
 def _pairwise(op: str) -> type:
     """Sum, Mean, Max or Min of several tensors as a chain of binary ops (the stock converter's
     own path for unknown shapes); constants alone are still folded by it."""
@@ -164,5 +232,6 @@ CONVERTERS: dict[str, type] = {
     "SpaceToDepth": converter("SpaceToDepth", {1: _space_to_depth}),
     "Pow": converter("Pow", {7: _pow}),
     "Cast": converter("Cast", {1: _cast}),
+    "ConstantOfShape": converter("ConstantOfShape", {9: _constant_of_shape}),
     **{op: _pairwise(op) for op in ("Sum", "Mean", "Max", "Min")},
 }

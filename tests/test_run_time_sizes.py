@@ -110,6 +110,32 @@ def test_a_score_threshold_given_at_run_time_is_read_at_run_time(tmp_path):
     assert counts[0] > counts[1]
 
 
+def test_a_second_stage_on_the_kept_boxes_matches_onnxruntime(tmp_path):
+    """RoiAlign over the kept boxes, its batch index made as torchvision exports it (Shape of
+    the boxes -> Gather -> ConstantOfShape), then Flatten and a matmul: the batch index had
+    an unknown shape, and the Flatten after the RoiAlign failed to import."""
+    model = detector(score_threshold=0.2)
+    g = model.graph
+    g.initializer.extend([numpy_helper.from_array(np.random.default_rng(3).standard_normal((32, 10)).astype("float32"), "fc"),
+                          numpy_helper.from_array(np.array([16.0], "float32"), "scale")])
+    g.node.extend([
+        helper.make_node("Abs", ["kept_boxes"], ["corners"]),
+        helper.make_node("Mul", ["corners", "scale"], ["rois"]),
+        helper.make_node("Shape", ["rois"], ["roi_shape"]),
+        helper.make_node("Gather", ["roi_shape", "zero"], ["roi_count"], axis=0),
+        helper.make_node("ConstantOfShape", ["roi_count"], ["image_of_roi"],
+                         value=numpy_helper.from_array(np.array([0], "int64"))),
+        helper.make_node("RoiAlign", ["r", "rois", "image_of_roi"], ["pooled"], output_height=2, output_width=2,
+                         sampling_ratio=2),
+        helper.make_node("Flatten", ["pooled"], ["pooled_rows"]),
+        helper.make_node("MatMul", ["pooled_rows", "fc"], ["classified"]),
+    ])
+    g.output.append(helper.make_tensor_value_info("classified", TensorProto.FLOAT, ["kept", 10]))
+    feeds = [np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")]
+    _, got = check_against_onnxruntime(model, tmp_path, feeds=feeds, tol=1e-4)  # bilinear sums' order
+    assert got[-1].shape[0] > 0
+
+
 def test_a_box_limit_given_at_run_time_is_refused_by_name(tmp_path):
     model = detector()
     model.graph.initializer.remove(next(t for t in model.graph.initializer if t.name == "most"))
