@@ -178,6 +178,8 @@ def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> li
 
     ana = Analyzer()
     if name == "relax.take":
+        if getattr(args[0].ty, "ndim", -1) != 1:  # a flat list stands for a vector only
+            return None
         data, index = shape_values(bb, args[0], depth + 1), shape_values(bb, args[1], depth + 1)
         if data is None or index is None:
             return None
