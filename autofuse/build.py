@@ -412,6 +412,8 @@ def time_kernels(
     from autofuse.schedule import static_buffers
 
     funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names) if static_buffers(mod[n])}
+    if not funcs:
+        return {}
     lib = tvm.compile(tvm.IRModule(funcs), target=target).jit()
     dev = device_for(target)
     rng = np.random.default_rng(0)

@@ -139,6 +139,8 @@ def _inplace_args(prim: object) -> list[int]:
     input element is read, whatever the schedule, and no other element reads it."""
     if not isinstance(prim, tirx.PrimFunc) or not prim.params:
         return []
+    if not static_buffers(prim):
+        return []  # sizes known only at run time (after NonMaxSuppression): out of place
     try:
         sch = new_schedule(prim)
         blocks = [sch.get(b) for b in _all_blocks(sch)]
@@ -147,8 +149,6 @@ def _inplace_args(prim: object) -> list[int]:
     out = prim.params[-1]
     if sum(any(w.source.same_as(p) for p in prim.params) for b in blocks for w in b.writes) != 1:
         return []  # several outputs, or one written by several blocks
-    if not static_buffers(prim):
-        return []  # sizes known only at run time (after NonMaxSuppression): out of place
     shape = [int(d) for d in out.shape]
     return [k for k, buf in enumerate(prim.params[:-1])
             if str(buf.dtype) == str(out.dtype) and [int(d) for d in buf.shape] == shape

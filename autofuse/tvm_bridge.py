@@ -752,7 +752,7 @@ def fuseops_plan(mod: tvm.IRModule, graph: OpGraph) -> FusionPlan:
                 groups.append([_node_tag(fused[b.value.args[0]]) for b in _calls_in(inner)])
     found = {n for g in groups for n in g}
     groups.extend([n] for n in range(len(graph)) if n not in found)
-    # kernels of run-time sizes stand alone here too (FuseOps groups them; their share is small)
+    # unfusable kernels stand alone here too: FuseOps groups those of run-time sizes (a small share)
     groups = [part for g in groups
               for part in ([g] if all(graph.nodes[n].fusable for n in g) else [[n] for n in g])]
     return FusionPlan.from_groups(groups, "tvm_default")
