@@ -56,6 +56,13 @@ MIN_PARALLEL_WORK = 1 << 18
 # against 39 us for the FuseOps plan) and keeps the small unfused pieces serial; 1<<14 put them
 # on both cores too and doubled their time.
 ROW_PARALLEL_WORK = 1 << 16
+# a stage whose output a block this many times larger reads broadcast is computed on its own,
+# once, not inlined into that block (see _schedule)
+BROADCAST_REUSE = 8
+DETACHED_PARALLEL_WORK = 1 << 15
+# a reduction of a whole tensor to one value runs in parallel chunks from this many elements
+MIN_WHOLE_REDUCTION = 1 << 14
+WHOLE_CHUNKS = 16
 
 
 def _names(text: str, var: str) -> bool:
@@ -109,7 +116,7 @@ def _work(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
 
 
 def _schedule_spatial(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int, min_work: int = 0
 ) -> s_tir.schedule.LoopRV | None:
     """Outer loops fused and parallel, the innermost axis vectorised where a vector width divides
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
@@ -133,7 +140,7 @@ def _schedule_spatial(
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
     # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
     # does a vector gathered from `lanes` rows
-    parallel = _work(sch, block) * (1 if width is not None and across is None else lanes) >= MIN_PARALLEL_WORK
+    parallel = _work(sch, block) * (1 if width is not None and across is None else lanes) >= (min_work or MIN_PARALLEL_WORK)
     if across is not None:
         # a transpose in square tiles: a vector of the output gathers one element from each of
         # `lanes` input rows, and the next `lanes` vectors find the rest of those rows' cache
@@ -1264,8 +1271,12 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # arithmetic feeding a matmul/conv stays a stage of its own: inlined, it would be recomputed
     # for every output that reads its value (a GELU before a projection: 128 times per element,
     # 5 -> 136 us in BERT); copies, reshapes and transposes inline as index arithmetic
-    kept = pads + [i for i in infos if i not in pads and i not in vector_pads
-                   and _feeds_product(sch, i.block_rv) and not _is_copy(sch, i.block_rv)]
+    # so does arithmetic on a small tensor that a larger one reads broadcast (a bias quantized at
+    # run time, one value per channel; an attention mask per key): inlined, it would be
+    # recomputed for every element of the consumer (ddddocr's int8 CRNN: floor(bias / scale) per
+    # output pixel of each convolution, 1.65 -> ? ms)
+    kept = pads + [i for i in infos if i not in pads and i not in vector_pads and not _is_copy(sch, i.block_rv)
+                   and (_feeds_product(sch, i.block_rv) or _read_broadcast(sch, i.block_rv))]
     infos = kept + try_inline(sch, [i for i in infos if i not in kept])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:
@@ -1278,13 +1289,20 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
             continue
         s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"]
         r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
+        if r_loops and math.prod(_extent(sch, lp) or 2 for lp in s_loops) == 1:
+            _schedule_whole_reduction(sch, block, s_loops + r_loops, lanes)
+            continue
         if not s_loops:
             continue
         if not r_loops:
             if _attach_epilogue(sch, block, anchors):
                 _vectorize_inner(sch, block, lanes)
                 continue
-            _schedule_spatial(sch, block, s_loops, lanes)
+            # an epilogue left out of its reduction's tile (it also reads a stage kept at the
+            # root, which TIR's reverse_compute_at refuses) runs over the whole output after it
+            detached = any(sch.get(p).name_hint in anchors for p in sch.get_producers(block))
+            costly = detached or _costly(sch, block)
+            _schedule_spatial(sch, block, s_loops, lanes, DETACHED_PARALLEL_WORK if costly else MIN_PARALLEL_WORK)
         else:
             s_vars = [str(it.var) for it, k in zip(info.iters, kinds) if k == "S"]
             par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars, acc)
@@ -1293,6 +1311,30 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
                     anchors[sch.get(inside).name_hint] = par
     _tile_buffers_local(sch, anchors)
     return _insert_prefetches(sch.mod["main"]).with_attr(SCHEDULED_ATTR, True)
+
+
+def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> None:
+    """A reduction of a whole tensor to one value (the min and the max from which
+    DynamicQuantizeLinear computes its scale, before each int8 matmul or convolution of an
+    onnxruntime `quantize_dynamic` model): partial results of WHOLE_CHUNKS chunks in parallel,
+    each a vector of lanes accumulated along the tensor, then combined (ddddocr's int8 CRNN's
+    16x64x192 min: 108 -> ? us; it ran one element at a time on one core)."""
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    n = _extent(sch, fused)
+    width = _vector_width(n, lanes)
+    if n is None or width is None or n < MIN_WHOLE_REDUCTION:
+        return
+    chunks = next((c for c in (WHOLE_CHUNKS, WHOLE_CHUNKS // 2, WHOLE_CHUNKS // 4, 2) if n % (c * width) == 0), None)
+    if chunks is None:
+        return
+    _, _, lane = sch.split(fused, [chunks, None, width])
+    lanes_rf = sch.rfactor(lane, 0)  # partial[lane] over (chunk, step)
+    chunk = sch.get_loops(lanes_rf)[0]
+    partial = sch.rfactor(chunk, 0)  # partial[chunk, lane] over step
+    outer, steps, inner = sch.get_loops(partial)
+    sch.parallel(outer)
+    sch.vectorize(inner)  # before the init leaves the reduction loop
+    sch.decompose_reduction(partial, steps)
 
 
 def _tile_buffers_local(sch: s_tir.Schedule, anchors: dict[str, s_tir.schedule.LoopRV]) -> None:
@@ -1524,6 +1566,54 @@ def _feeds_product(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether a matmul/conv-like block reads `block`'s output, directly or through copies."""
     return any(_reuses_inputs(sch, c) or (_is_copy(sch, c) and _feeds_product(sch, c))
                for c in sch.get_consumers(block))
+
+
+def _read_broadcast(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether a block with at least BROADCAST_REUSE times `block`'s iterations reads its output,
+    directly or through copies (each of its values then read by many of the consumer's), and
+    `block` with the stages that inline into it is costly per element. A cheap one (MobileNetV3's
+    hard sigmoid: a multiply, an add, a clip) is left to inline: kept, it also keeps the
+    consumer out of its convolution's tile (see _schedule), a pass over the output that cost
+    more than the recomputation (6 of its kernels 59 -> 65 us)."""
+    if _is_reduction(sch, block) or not _costly(sch, block):
+        return False
+    size = _domain(sch.get(block))
+    pending = list(sch.get_consumers(block))
+    while pending:
+        consumer = pending.pop()
+        if _domain(sch.get(consumer)) >= size * BROADCAST_REUSE:
+            return True
+        if _is_copy(sch, consumer):
+            pending.extend(sch.get_consumers(consumer))
+    return False
+
+
+# what makes an element costly to recompute: a division, exp/log and their kin, rounding, the
+# non-finite tests of a float -> int cast (the printed TIR names them)
+_COSTLY = (" / ", "T.exp", "T.log", "T.sqrt", "T.rsqrt", "T.tanh", "T.erf", "T.pow", "T.floor", "T.nearbyint",
+           "T.isnan", "T.sigmoid")
+
+
+def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether `block` or a producer of the same size (which inlines into it) computes one of
+    _COSTLY."""
+    size = _domain(sch.get(block))
+    pending, seen = [block], set()
+    while pending:
+        b = pending.pop()
+        blk = sch.get(b)
+        if blk.name_hint in seen:
+            continue
+        seen.add(blk.name_hint)
+        if any(op in str(blk.body) for op in _COSTLY):
+            return True
+        pending.extend(p for p in sch.get_producers(b) if not _is_reduction(sch, p) and _domain(sch.get(p)) == size)
+    return False
+
+
+def _domain(blk: object) -> int:
+    return math.prod(int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else MIN_PARALLEL_WORK
+                     for iv in blk.iter_vars)
 
 
 def _read_as_vectors(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
