@@ -1282,3 +1282,79 @@ def test_streamed_convolution_rows_are_grouped_in_whole_image_rows():
     feeds = random_inputs(w.inputs)
     want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def _run(func, *arrays, out_shape, out_dtype="float32"):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()
+
+
+def _matmul_plus_channel_stage(m, n, k, costly):
+    """A matmul whose epilogue adds a per-column value computed in the kernel from a run-time
+    scalar: floor(bias / scale) (a bias quantized at run time) or bias * scale + 1 (cheap)."""
+    from tvm import te
+
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    bias = te.placeholder((n,), "float32", name="bias")
+    scale = te.placeholder((), "float32", name="scale")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    stage = te.compute((n,), (lambda j: te.floor(bias[j] / scale[()])) if costly
+                       else (lambda j: bias[j] * scale[()] + 1.0), name="stage")
+    out = te.compute((m, n), lambda i, j: c[i, j] + stage[j], name="out")
+    return te.create_prim_func([a, b, bias, scale, out])
+
+
+def test_a_costly_stage_read_broadcast_is_computed_once_not_per_element():
+    # ddddocr's int8 CRNN quantizes each convolution's bias at run time (floor(bias / scale),
+    # cast guards): inlined, that ran for every output pixel (a 32x128x24 convolution 1.67 ->
+    # 0.34 ms computed once per channel)
+    m, n, k = 256, 64, 128
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k), "float32"), rng.standard_normal((k, n), "float32")
+    bias, scale = (rng.standard_normal(n) * 50).astype("float32"), np.array(0.7, "float32")
+    costly = schedule_cpu(_matmul_plus_channel_stage(m, n, k, True), lanes=16, acc=24)
+    assert 'T.sblock("stage")' in costly.script()  # a loop of its own over the 64 columns
+    np.testing.assert_allclose(_run(costly, a, b, bias, scale, out_shape=(m, n)),
+                               a @ b + np.floor(bias / scale), rtol=1e-5, atol=1e-3)
+    cheap = schedule_cpu(_matmul_plus_channel_stage(m, n, k, False), lanes=16, acc=24)
+    assert 'T.sblock("stage")' not in cheap.script()  # a multiply-add: inlined into the tile's epilogue
+    np.testing.assert_allclose(_run(cheap, a, b, bias, scale, out_shape=(m, n)),
+                               a @ b + bias * scale + 1, rtol=1e-5, atol=1e-3)
+
+
+def _whole_reduction(shape, kind):
+    from tvm import te
+
+    x = te.placeholder(shape, "float32", name="x")
+    axes = [te.reduce_axis((0, d)) for d in shape]
+    reduce = {"min": te.min, "sum": te.sum}[kind]
+    y = te.compute((), lambda: reduce(x[tuple(axes)], axis=axes), name="y")
+    return te.create_prim_func([x, y])
+
+
+@pytest.mark.parametrize("shape, kind, scheduled", [((16, 64, 192), "min", True), ((3, 5, 7, 113), "sum", False)])
+def test_a_whole_tensor_reduction_runs_in_parallel_vectorised_chunks(shape, kind, scheduled):
+    # DynamicQuantizeLinear's min and max over a 16x64x192 activation ran one element at a time
+    # on one core (108 us; 4.3 us in chunks); a size no vector divides is left as it was
+    func = schedule_cpu(_whole_reduction(shape, kind), lanes=16, acc=24)
+    text = func.script() if func is not None else ""
+    assert ("T.parallel" in text and "T.vectorized" in text) == scheduled
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    x.flat[12345 % x.size] = -40.0
+    got = _run(func or _whole_reduction(shape, kind), x, out_shape=())
+    np.testing.assert_allclose(got, x.min() if kind == "min" else x.sum(dtype="float64"), rtol=1e-4)
+
+
+def test_costly_elementwise_kernels_run_in_parallel_from_fewer_elements():
+    from tvm import te
+
+    x = te.placeholder((64, 1024), "float32", name="x")
+    s = te.placeholder((), "float32", name="s")
+    costly = te.compute((64, 1024), lambda i, j: te.round(x[i, j] / s[()]), name="q")
+    cheap = te.compute((64, 1024), lambda i, j: x[i, j] * s[()], name="m")
+    assert "T.parallel" in schedule_cpu(te.create_prim_func([x, s, costly]), lanes=16, acc=24).script()
+    assert "T.parallel" not in schedule_cpu(te.create_prim_func([x, s, cheap]), lanes=16, acc=24).script()
