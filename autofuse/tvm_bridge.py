@@ -249,6 +249,11 @@ _BROADCAST_BINARY = {f"relax.{op}" for op in (
 class _LayoutRewriter(relax.PyExprMutator):
     """Ops without a layout rule, as the elementwise ops they compute (see LayoutFriendlyOps)."""
 
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        # each quantize's result (the cast to its integer type) and the whole float it casts
+        self.quantized: list[tuple[relax.Expr, relax.Expr]] = []
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
@@ -256,6 +261,11 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
+        whole = self._whole_float(x) if name == "relax.astype" and str(call.attrs.dtype) == "float32" else None
+        if whole is not None:
+            # a quantized value cast back to float (ConvInteger's input, see onnx_integer) is
+            # the whole number quantize computed before its cast
+            return whole
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
             return emit(relax.op.minimum(emit(relax.op.maximum(x, _c(lo, dtype))), _c(hi, dtype)))
@@ -355,6 +365,13 @@ class _LayoutRewriter(relax.PyExprMutator):
         if call.op.name == "relax.dequantize":
             if out_dtype != "float32":
                 return call
+            whole = self._whole_float(x)
+            if whole is not None and 0 < tvm.DataType(str(zero.ty.dtype)).bits <= 16:
+                # dequantize(quantize(x)), a QDQ pair: the whole float less the zero point, in
+                # float (exact: both whole and within 16 bits), without the round trip through
+                # the integer type (three casts per element)
+                diff = emit(relax.op.subtract(whole, emit(relax.op.astype(zero, "float32"))))
+                return emit(relax.op.multiply(diff, scale))
             wide = "float32" if dtype.startswith("float") else "int32"
             diff = emit(relax.op.subtract(emit(relax.op.astype(x, wide)), emit(relax.op.astype(zero, wide))))
             return emit(relax.op.multiply(emit(relax.op.astype(diff, "float32")), scale))
@@ -364,7 +381,15 @@ class _LayoutRewriter(relax.PyExprMutator):
         y = emit(relax.op.add(y, emit(relax.op.astype(zero, "float32"))))
         lo, hi = (float(v) for v in (tvm.tirx.min_value(out_dtype).value, tvm.tirx.max_value(out_dtype).value))
         y = emit(relax.op.minimum(emit(relax.op.maximum(y, _c(lo, "float32"))), _c(hi, "float32")))
-        return emit(relax.op.astype(y, out_dtype))
+        cast = emit(relax.op.astype(y, out_dtype))
+        if tvm.DataType(out_dtype).bits <= 16:  # a whole float of at most 16 bits converts exactly
+            self.quantized.append((cast, cast.args[0]))  # the normaliser bound y to a variable
+        return cast
+
+    def _whole_float(self, x: relax.Expr | None) -> relax.Expr | None:
+        """For a quantize's result, the whole float it cast to its integer type (see _quantize)."""
+        value = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        return next((y for cast, y in self.quantized if value is not None and value.same_as(cast)), None)
 
     def _along(self, param: relax.Expr, axis: int, ndim: int) -> relax.Expr:
         """A per-axis parameter (n,) reshaped to broadcast along `axis` of an ndim-D tensor."""
@@ -388,7 +413,9 @@ class LayoutFriendlyOps:
     ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _rewrite_functions(mod, _LayoutRewriter)
+        # a quantized value cast back to float becomes a variable bound to another; ConvertLayout
+        # has no rule for such a binding (it put a transpose on either side of the value)
+        return relax.transform.CanonicalizeBindings()(_rewrite_functions(mod, _LayoutRewriter))
 
 
 # output channels are padded to a multiple of this (see WholeVectorChannels): half an AVX-512
