@@ -59,8 +59,8 @@ ROW_PARALLEL_WORK = 1 << 16
 # a stage whose output a block this many times larger reads broadcast is computed on its own,
 # once, not inlined into that block (see _schedule)
 BROADCAST_REUSE = 8
-# the same for an elementwise block that is costly per element (a division, exp, rounding: see
-# _costly) or an epilogue left out of its tile: DynamicQuantizeLinear's quantization of a
+# the same, in elements, for an elementwise block that is costly per element (a division, exp,
+# rounding: see _costly) or an epilogue left out of its tile: DynamicQuantizeLinear's quantization of a
 # 32x128x24 activation (a division, a rounding, two casts per element) 200 -> 99 us on two cores
 COSTLY_PARALLEL_WORK = 1 << 15
 # a reduction of a whole tensor to one value runs in parallel chunks from this many elements
@@ -119,7 +119,7 @@ def _work(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int:
 
 
 def _schedule_spatial(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int, min_work: int = 0
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int, costly: bool = False
 ) -> s_tir.schedule.LoopRV | None:
     """Outer loops fused and parallel, the innermost axis vectorised where a vector width divides
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
@@ -143,7 +143,8 @@ def _schedule_spatial(
     # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
     # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
     # does a vector gathered from `lanes` rows
-    parallel = _work(sch, block) * (1 if width is not None and across is None else lanes) >= (min_work or MIN_PARALLEL_WORK)
+    parallel = (_work(sch, block) * (1 if width is not None and across is None else lanes) >= MIN_PARALLEL_WORK
+                or costly and _work(sch, block) >= COSTLY_PARALLEL_WORK)
     if across is not None:
         # a transpose in square tiles: a vector of the output gathers one element from each of
         # `lanes` input rows, and the next `lanes` vectors find the rest of those rows' cache
@@ -1304,8 +1305,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
             # an epilogue left out of its reduction's tile (it also reads a stage kept at the
             # root, which TIR's reverse_compute_at refuses) runs over the whole output after it
             detached = any(sch.get(p).name_hint in anchors for p in sch.get_producers(block))
-            costly = detached or _costly(sch, block)
-            _schedule_spatial(sch, block, s_loops, lanes, COSTLY_PARALLEL_WORK if costly else MIN_PARALLEL_WORK)
+            _schedule_spatial(sch, block, s_loops, lanes, costly=detached or _costly(sch, block))
         else:
             s_vars = [str(it.var) for it, k in zip(info.iters, kinds) if k == "S"]
             par = _schedule_reduction(sch, block, s_loops, r_loops, lanes, tile, s_vars, acc)
@@ -1322,19 +1322,29 @@ def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
     onnxruntime `quantize_dynamic` model): partial results of WHOLE_CHUNKS chunks in parallel,
     each a vector of lanes accumulated along the tensor, then combined (ddddocr's int8 CRNN's
     16x64x192 min: 108 -> 4.3 us timed alone; it ran one element at a time on one core)."""
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    n = _extent(sch, fused)
-    width = _vector_width(n, lanes)
-    if n is None or width is None or n < MIN_WHOLE_REDUCTION:
+    extents = [_extent(sch, lp) for lp in loops]
+    if None in extents or math.prod(extents) < MIN_WHOLE_REDUCTION:
         return
-    chunks = next((c for c in (WHOLE_CHUNKS, WHOLE_CHUNKS // 2, WHOLE_CHUNKS // 4, 2) if n % (c * width) == 0), None)
+    width = _vector_width(extents[-1], lanes)
+    rows = math.prod(extents[:-1])
+    if width is None:
+        return
+    # each vector a run of one row's elements: a vector straddling rows of a fused index reads
+    # its lanes one by one (1x32x128x24 in vectors of 16 over the whole: 42 us; of 8 along the
+    # rows of 24: 4.2 us, timed alone)
+    parts = rows if rows > 1 else extents[-1] // width
+    chunks = next((c for c in (WHOLE_CHUNKS, WHOLE_CHUNKS // 2, WHOLE_CHUNKS // 4, 2) if parts % c == 0), None)
     if chunks is None:
         return
-    _, _, lane = sch.split(fused, [chunks, None, width])
+    if rows > 1:
+        sch.split(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0], [chunks, None])
+        _, lane = sch.split(loops[-1], [None, width])
+    else:
+        _, _, lane = sch.split(sch.fuse(*loops) if len(loops) > 1 else loops[0], [chunks, None, width])
     lanes_rf = sch.rfactor(lane, 0)  # partial[lane] over (chunk, step)
     chunk = sch.get_loops(lanes_rf)[0]
-    partial = sch.rfactor(chunk, 0)  # partial[chunk, lane] over step
-    outer, steps, inner = sch.get_loops(partial)
+    partial = sch.rfactor(chunk, 0)  # partial[chunk, lane] over the chunk's elements
+    outer, steps, *_, inner = sch.get_loops(partial)
     sch.parallel(outer)
     sch.vectorize(inner)  # before the init leaves the reduction loop
     sch.decompose_reduction(partial, steps)

@@ -1336,13 +1336,16 @@ def _whole_reduction(shape, kind):
     return te.create_prim_func([x, y])
 
 
-@pytest.mark.parametrize("shape, kind, scheduled", [((16, 64, 192), "min", True), ((3, 5, 7, 113), "sum", False)])
+@pytest.mark.parametrize("shape, kind, scheduled", [((16, 64, 192), "min", True), ((1, 32, 128, 24), "min", True),
+                                                    ((1 << 16,), "sum", True), ((3, 5, 7, 113), "sum", False)])
 def test_a_whole_tensor_reduction_runs_in_parallel_vectorised_chunks(shape, kind, scheduled):
     # DynamicQuantizeLinear's min and max over a 16x64x192 activation ran one element at a time
     # on one core (108 us; 4.3 us in chunks); a size no vector divides is left as it was
     func = schedule_cpu(_whole_reduction(shape, kind), lanes=16, acc=24)
     text = func.script() if func is not None else ""
     assert ("T.parallel" in text and "T.vectorized" in text) == scheduled
+    if shape[-1] == 24:  # vectors of 8 along the rows: 16 would straddle two rows (read lane by lane)
+        assert "T.vectorized(8)" in text
     x = np.random.default_rng(1).standard_normal(shape).astype("float32")
     x.flat[12345 % x.size] = -40.0
     got = _run(func or _whole_reduction(shape, kind), x, out_shape=())
