@@ -207,10 +207,9 @@ def _lstm_step(
     c: relax.Expr | None,
     rt: list[relax.Expr],
     p: list[relax.Expr] | None,
-    r_scale: np.ndarray | None = None,
 ) -> tuple[relax.Expr, relax.Expr]:
     f, g, hf = acts
-    pre = x_t if h is None else e.add(x_t, _matmul(e, h, rt[0], r_scale))
+    pre = x_t if h is None else e.add(x_t, e(relax.op.matmul(h, rt[0])))
     i, o, fg, cc = e.split(pre, 4, axis=-1)
     if p is not None and c is not None:  # peepholes P[i, o, f]; Ct-1 feeds i and f
         i, fg = e.add(i, e.mul(p[0], c)), e.add(fg, e.mul(p[2], c))
@@ -254,36 +253,10 @@ def _rnn_step(
     return e.act(acts[0], x_t if h is None else e.add(x_t, e(relax.op.matmul(h, rt[0]))))
 
 
-def _matmul(e: _Emitter, a: relax.Expr, b: relax.Expr, scale: np.ndarray | None) -> relax.Expr:
-    """a @ b; with a weight scale, onnxruntime's quantized GEMM of a float `a` by integer weights
-    `b` (whole numbers in float, less their zero point) scaled per column by `scale`: `a`
-    quantized to uint8 at run time over the whole matrix (its range widened to hold 0, a scale
-    of 1 where that range is empty, the zero point rounded half to even), the integers' product
-    (exact in float32 while its sums stay under 2^24) times both scales. (For a batch of
-    several sequences, onnxruntime quantizes the hidden states row by row where its thread count
-    splits the batch; here always together, as it does for one sequence.)"""
-    if scale is None:
-        return e(relax.op.matmul(a, b))
-    f32 = str(a.ty.dtype)
-    zero = relax.const(0.0, f32)
-    lo = e(relax.op.minimum(e(relax.op.min(a)), zero))
-    span = e(relax.op.subtract(e(relax.op.maximum(e(relax.op.max(a)), zero)), lo))
-    step = e(relax.op.where(e(relax.op.equal(span, zero)), relax.const(1.0, f32),
-                            e(relax.op.divide(span, relax.const(255.0, f32)))))
-    zp = e(relax.op.round(e(relax.op.clip(e(relax.op.negative(e(relax.op.divide(lo, step)))), 0, 255))))
-    q = e(relax.op.clip(e(relax.op.add(e(relax.op.round(e(relax.op.divide(a, step)))), zp)), 0, 255))
-    product = e(relax.op.matmul(e(relax.op.subtract(q, zp)), b))
-    return e(relax.op.multiply(product, e(relax.op.multiply(step, array_const(scale.astype(f32))))))
-
-
 def _convert(
-    cell: _Cell, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list,
-    scales: tuple[np.ndarray, np.ndarray] | None = None,
+    cell: _Cell, bb: relax.BlockBuilder, inputs: list, attr: dict, params: list
 ) -> relax.Tuple:
-    """Y, Y_h (and Y_c for LSTM) of one recurrent node, unrolled over its static sequence.
-
-    `scales`: W's and R's per-column scales, [directions or 1, 1, gates*hidden], where W and R
-    hold integers (onnxruntime's DynamicQuantizeLSTM, see _matmul); LSTM only."""
+    """Y, Y_h (and Y_c for LSTM) of one recurrent node, unrolled over its static sequence."""
     node = _parse(cell, inputs, attr, params)
     e = _Emitter(bb, node)
     x, w, r, b, h0 = inputs[0], *(optional_input(inputs, i, params) for i in (1, 2, 3, 5))
@@ -307,9 +280,8 @@ def _convert(
                 zeros = array_const(np.zeros(hsz, str(x.ty.dtype)))
                 rb = e.concat([e.rows(rb, 0, 2 * hsz), zeros])
             bias = e.add(wb, rb)
-        w_scale, r_scale = (None, None) if scales is None else (a[d if len(a) > 1 else 0] for a in scales)
         # Xt*W^T + biases for all steps in one matmul: [seq, batch, gates*hidden]
-        xw = e.add(_matmul(e, x, e.transposed(e.direction(w, d)), w_scale), bias)
+        xw = e.add(e(relax.op.matmul(x, e.transposed(e.direction(w, d)))), bias)
         steps = e.split(xw, seq, axis=0)  # [1, batch, gates*hidden] each
         h, c = _state(e, h0, d), _state(e, c0, d)
         p = None
@@ -319,7 +291,7 @@ def _convert(
         out: dict[int, relax.Expr] = {}
         for t in range(seq) if direction == "forward" else range(seq - 1, -1, -1):
             if cell is _LSTM:
-                h, c = _lstm_step(e, node.acts[d], steps[t], h, c, rt, p, r_scale)
+                h, c = _lstm_step(e, node.acts[d], steps[t], h, c, rt, p)
             elif cell is _GRU:
                 h = _gru_step(e, node.acts[d], steps[t], h, rt, rbh)
             else:
