@@ -61,7 +61,7 @@ ROW_PARALLEL_WORK = 1 << 16
 BROADCAST_REUSE = 8
 # the same, in elements, for an elementwise block that is costly per element (a division, exp,
 # rounding: see _costly) or an epilogue left out of its tile: DynamicQuantizeLinear's quantization of a
-# 32x128x24 activation (a division, a rounding, two casts per element) 200 -> 99 us on two cores
+# 16x64x192 activation (a division, a rounding, two casts per element) 177 -> 87 us on two cores
 COSTLY_PARALLEL_WORK = 1 << 15
 # a reduction of a whole tensor to one value runs in parallel chunks from this many elements
 MIN_WHOLE_REDUCTION = 1 << 14
@@ -1278,7 +1278,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # so does arithmetic on a small tensor that a larger one reads broadcast (a bias quantized at
     # run time, one value per channel; an attention mask per key): inlined, it would be
     # recomputed for every element of the consumer (ddddocr's int8 CRNN: floor(bias / scale) per
-    # output pixel of each convolution: a 32x128x24 one 1.68 -> 0.34 ms, timed alone)
+    # output pixel of each convolution: a 32x128x24 one 2.10 -> 0.26 ms, timed alone)
     kept = pads + [i for i in infos if i not in pads and i not in vector_pads and not _is_copy(sch, i.block_rv)
                    and (_feeds_product(sch, i.block_rv) or _read_broadcast(sch, i.block_rv))]
     infos = kept + try_inline(sch, [i for i in infos if i not in kept])
@@ -1321,7 +1321,7 @@ def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
     DynamicQuantizeLinear computes its scale, before each int8 matmul or convolution of an
     onnxruntime `quantize_dynamic` model): partial results of WHOLE_CHUNKS chunks in parallel,
     each a vector of lanes accumulated along the tensor, then combined (ddddocr's int8 CRNN's
-    16x64x192 min: 108 -> 4.3 us timed alone; it ran one element at a time on one core)."""
+    16x64x192 min: 107 -> 4.2 us timed alone; it ran one element at a time on one core)."""
     extents = [_extent(sch, lp) for lp in loops]
     if None in extents or math.prod(extents) < MIN_WHOLE_REDUCTION:
         return
@@ -1331,7 +1331,7 @@ def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
         return
     # each vector a run of one row's elements: a vector straddling rows of a fused index reads
     # its lanes one by one (1x32x128x24 in vectors of 16 over the whole: 42 us; of 8 along the
-    # rows of 24: 4.2 us, timed alone)
+    # rows of 24: 3.9 us, timed alone)
     parts = rows if rows > 1 else extents[-1] // width
     chunks = next((c for c in (WHOLE_CHUNKS, WHOLE_CHUNKS // 2, WHOLE_CHUNKS // 4, 2) if parts % c == 0), None)
     if chunks is None:

@@ -4,19 +4,23 @@ The README's kernels v11-v14 figures came from this: dump each kernel's schedule
 checkout, dump again under another, then time the kernels that differ, both versions compiled
 into one library and timed alternately (median over ROUNDS, default 5; 2 threads as the worker).
 
-    python scripts/schedule_ab.py dump OLD_DIR MODEL.onnx all      # at the old commit
-    python scripts/schedule_ab.py dump NEW_DIR MODEL.onnx all      # at the new one
+    python scripts/schedule_ab.py dump OLD_DIR MODEL.onnx all [name:1x1x64x256 ...]  # at the old commit
+    python scripts/schedule_ab.py dump NEW_DIR MODEL.onnx all [name:1x1x64x256 ...]  # at the new one
     TVM_NUM_THREADS=2 python scripts/schedule_ab.py time OLD_DIR NEW_DIR [--cold]
+
+(`PYTHONPATH=OLD_CHECKOUT python scripts/schedule_ab.py dump ...` dumps with another commit's
+code; the inputs fix a model's dynamic dimensions as `autofuse tune --input` does.)
 """
 import sys, os, numpy as np, tvm
 if sys.argv[1] == "dump":
     from autofuse.apply import fuse
     from autofuse.build import make_target
     from autofuse.schedule import accumulators, schedule_candidates, unscheduled_kernels, vector_bits, vector_lanes
+    from autofuse.importer import InputSpec
     from autofuse.workload import prepare
     out, model, names = sys.argv[2], sys.argv[3], sys.argv[4]
     os.makedirs(out, exist_ok=True)
-    w = prepare(model)
+    w = prepare(model, [InputSpec.parse(spec) for spec in sys.argv[5:]])
     fused, _ = fuse(w.mod, w.graph, w.tvm_default())
     ks = {gv.name_hint: f for gv, f in unscheduled_kernels(fused).items()}
     bits = vector_bits(make_target("llvm"))  # this machine's vectors, as the measurement worker
@@ -27,7 +31,10 @@ if sys.argv[1] == "dump":
 from autofuse.build import make_target
 a, b = sys.argv[2], sys.argv[3]; cold = "--cold" in sys.argv
 t = make_target("llvm"); dev = tvm.cpu()
-names = sorted(f[:-3] for f in os.listdir(a))
+names = sorted({f[:-3] for f in os.listdir(a)} & {f[:-3] for f in os.listdir(b)})
+only = len(os.listdir(a)) + len(os.listdir(b)) - 2 * len(names)
+if only:  # a change before scheduling (the module's ops) renames kernels: those are not compared
+    print(f"{only} kernels in one dump only, left out")
 funcs = {}
 for d in (a, b):
     for n in names:

@@ -1310,8 +1310,8 @@ def _matmul_plus_channel_stage(m, n, k, costly):
 
 def test_a_costly_stage_read_broadcast_is_computed_once_not_per_element():
     # ddddocr's int8 CRNN quantizes each convolution's bias at run time (floor(bias / scale),
-    # cast guards): inlined, that ran for every output pixel (a 32x128x24 convolution 1.67 ->
-    # 0.34 ms computed once per channel)
+    # cast guards): inlined, that ran for every output pixel (a 32x128x24 convolution 2.10 ->
+    # 0.26 ms computed once per channel)
     m, n, k = 256, 64, 128
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k), "float32"), rng.standard_normal((k, n), "float32")
@@ -1340,7 +1340,7 @@ def _whole_reduction(shape, kind):
                                                     ((1 << 16,), "sum", True), ((3, 5, 7, 113), "sum", False)])
 def test_a_whole_tensor_reduction_runs_in_parallel_vectorised_chunks(shape, kind, scheduled):
     # DynamicQuantizeLinear's min and max over a 16x64x192 activation ran one element at a time
-    # on one core (108 us; 4.3 us in chunks); a size no vector divides is left as it was
+    # on one core (107 us; 4.2 us in chunks); a size no vector divides is left as it was
     func = schedule_cpu(_whole_reduction(shape, kind), lanes=16, acc=24)
     text = func.script() if func is not None else ""
     assert ("T.parallel" in text and "T.vectorized" in text) == scheduled
