@@ -60,8 +60,9 @@ ROW_PARALLEL_WORK = 1 << 16
 # once, not inlined into that block (see _schedule)
 BROADCAST_REUSE = 8
 # the same, in elements, for an elementwise block that is costly per element (a division, exp,
-# rounding: see _costly) or an epilogue left out of its tile: DynamicQuantizeLinear's quantization of a
-# 16x64x192 activation (a division, a rounding, two casts per element) 177 -> 87 us on two cores
+# rounding: see _costly) or an epilogue left out of its tile: DynamicQuantizeLinear's
+# quantization of a 16x64x192 activation (a division, a rounding, two casts per element)
+# 177 -> 87 us on two cores
 COSTLY_PARALLEL_WORK = 1 << 15
 # a reduction of a whole tensor to one value runs in parallel chunks from this many elements
 MIN_WHOLE_REDUCTION = 1 << 14
@@ -1341,9 +1342,11 @@ def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
         _, lane = sch.split(loops[-1], [None, width])
     else:
         _, _, lane = sch.split(sch.fuse(*loops) if len(loops) > 1 else loops[0], [chunks, None, width])
-    lanes_rf = sch.rfactor(lane, 0)  # partial[lane] over (chunk, step)
-    chunk = sch.get_loops(lanes_rf)[0]
-    partial = sch.rfactor(chunk, 0)  # partial[chunk, lane] over the chunk's elements
+    try:  # a reduction rfactor does not know (an argmax's pair of values) stays a serial loop
+        lanes_rf = sch.rfactor(lane, 0)  # partial[lane] over (chunk, step)
+        partial = sch.rfactor(sch.get_loops(lanes_rf)[0], 0)  # partial[chunk, lane] over the chunk
+    except _REFUSED:
+        return
     outer, steps, *_, inner = sch.get_loops(partial)
     sch.parallel(outer)
     sch.vectorize(inner)  # before the init leaves the reduction loop

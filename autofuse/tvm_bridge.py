@@ -258,6 +258,22 @@ class _LayoutRewriter(relax.PyExprMutator):
         # each quantize's result (the cast to its integer type) and the whole float it casts
         self.quantized: list[tuple[relax.Expr, relax.Expr]] = []
 
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        # a quantized value cast back to float (ConvInteger's input, see onnx_integer) is the
+        # whole number quantize computed before its cast: its uses read that variable. (Bound
+        # to a new variable instead, `v = whole`, it got a transpose on either side from
+        # ConvertLayout, which has no rule for such a binding; a pass canonicalising the
+        # bindings afterwards also renames every model's output, their workload keys with it.)
+        value = binding.value
+        if (isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.Call)
+                and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
+                and str(value.attrs.dtype) == "float32"):
+            whole = self._whole_float(self.visit_expr(value.args[0]))
+            if isinstance(whole, relax.DataflowVar):
+                self.set_var_remap(binding.var, whole)
+                return
+        super().visit_var_binding_(binding)
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
@@ -265,11 +281,6 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
-        whole = self._whole_float(x) if name == "relax.astype" and str(call.attrs.dtype) == "float32" else None
-        if whole is not None:
-            # a quantized value cast back to float (ConvInteger's input, see onnx_integer) is
-            # the whole number quantize computed before its cast
-            return whole
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
             return emit(relax.op.minimum(emit(relax.op.maximum(x, _c(lo, dtype))), _c(hi, dtype)))
@@ -417,9 +428,7 @@ class LayoutFriendlyOps:
     ResNet-50: 2 per convolution), and FuseOps cannot fuse them into the convolutions' epilogues."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        # a quantized value cast back to float becomes a variable bound to another; ConvertLayout
-        # has no rule for such a binding (it put a transpose on either side of the value)
-        return relax.transform.CanonicalizeBindings()(_rewrite_functions(mod, _LayoutRewriter))
+        return _rewrite_functions(mod, _LayoutRewriter)
 
 
 # output channels are padded to a multiple of this (see WholeVectorChannels): half an AVX-512
