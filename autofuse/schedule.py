@@ -1590,7 +1590,7 @@ def _read_broadcast(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool
     `block` with the stages that inline into it is costly per element. A cheap one (MobileNetV3's
     hard sigmoid: a multiply, an add, a clip) is left to inline: kept, it also keeps the
     consumer out of its convolution's tile (see _schedule), a pass over the output that cost
-    more than the recomputation (6 of its kernels 59 -> 65 us)."""
+    more than the recomputation (6 of its kernels 59 -> 65 us, a one-off A/B)."""
     if _is_reduction(sch, block) or not _costly(sch, block):
         return False
     size = _domain(sch.get(block))
