@@ -1361,3 +1361,17 @@ def test_costly_elementwise_kernels_run_in_parallel_from_fewer_elements():
     cheap = te.compute((64, 1024), lambda i, j: x[i, j] * s[()], name="m")
     assert "T.parallel" in schedule_cpu(te.create_prim_func([x, s, costly]), lanes=16, acc=24).script()
     assert "T.parallel" not in schedule_cpu(te.create_prim_func([x, s, cheap]), lanes=16, acc=24).script()
+
+
+def test_a_whole_tensor_argmax_stays_a_correct_serial_loop():
+    # rfactor knows no reducer of (index, value) pairs: the rule leaves the loop serial rather
+    # than failing the kernel's whole schedule
+    from tvm import te
+    from tvm import topi
+
+    x = te.placeholder((16, 64, 192), "float32", name="x")
+    y = topi.argmax(x)
+    func = schedule_cpu(te.create_prim_func([x, y]), lanes=16, acc=24)
+    assert func is not None and "T.parallel" not in func.script()
+    a = np.random.default_rng(2).standard_normal((16, 64, 192)).astype("float32")
+    assert _run(func, a, out_shape=(), out_dtype=str(y.dtype)) == a.argmax()
