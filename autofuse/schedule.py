@@ -125,7 +125,7 @@ def _schedule_spatial(
     """Outer loops fused and parallel, the innermost axis vectorised where a vector width divides
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
-    serial for LLVM to handle."""
+    serial for LLVM to handle. `costly`: parallel from COSTLY_PARALLEL_WORK elements."""
     segments = _concat_segments(sch, block, loops, lanes)
     if segments is not None:
         return _schedule_concat(sch, block, loops, segments, lanes)
@@ -1327,9 +1327,9 @@ def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
     if None in extents or math.prod(extents) < MIN_WHOLE_REDUCTION:
         return
     width = _vector_width(extents[-1], lanes)
-    rows = math.prod(extents[:-1])
     if width is None:
         return
+    rows = math.prod(extents[:-1])
     # each vector a run of one row's elements: a vector straddling rows of a fused index reads
     # its lanes one by one (1x32x128x24 in vectors of 16 over the whole: 42 us; of 8 along the
     # rows of 24: 3.9 us, timed alone)
@@ -1628,6 +1628,8 @@ def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
 
 
 def _domain(blk: object) -> int:
+    """A block's iteration count from its own iterators: unlike _work (its loops' product), the
+    same wherever the schedule has placed it (a tile's copy-out block under the tile's loops)."""
     return math.prod(int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else MIN_PARALLEL_WORK
                      for iv in blk.iter_vars)
 
