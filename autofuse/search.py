@@ -172,6 +172,7 @@ class Tuner:
         self._follower = TuningLog(log.dir)  # its own read position: sees every record once
         self._load_history()
         self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
+        self.composed: dict[str, FusionPlan] = {}  # plans SearchSpace.compose made from kernel times
 
     # --- history ------------------------------------------------------------------------------
 
@@ -269,7 +270,7 @@ class Tuner:
         rec = self._record(plan, m, role, trial, predicted, config, scheduler)
         self.log.append(rec)
         self._load_history()  # learns our record, and any other worker's appended meanwhile
-        if role in ("seed", "search", "model"):
+        if role in ("seed", "composed", "search", "model"):
             self.measured[plan.key] = m
         if m.ok and predicted is not None and role == "search":
             self.predictions.append((predicted, m.median_s or 0.0))
@@ -365,6 +366,7 @@ class Tuner:
         since_best, best_before = 0, self.best_s
         while self._study_measured(study) < self.cfg.trials and not self._out_of_time():
             measured_before = self.counts["measured"]
+            self._enqueue_composed(study)
             self._round(study)
             if self.best_s is not None and (best_before is None or self.best_s < best_before):
                 since_best, best_before = 0, self.best_s
@@ -372,6 +374,22 @@ class Tuner:
                 since_best += self.counts["measured"] - measured_before
             if self.cfg.patience and since_best >= self.cfg.patience:
                 break
+
+    def _enqueue_composed(self, study: optuna.Study) -> None:
+        """Once the seeds are measured, and whenever new kernel times change it: TVM's plan with
+        the merges that paid kernel by kernel (SearchSpace.compose), with no per-kernel overhead
+        credited and with the cost model's. Two candidates because that overhead, fitted from
+        whole plans, also holds what the kernels cost each other in cache, and over- or
+        underestimates what one fewer kernel saves; the measurement decides."""
+        if any(p.key not in self.measured for p in self.seeds):
+            return
+        known = {g: self.kernel_s[k] for g, k in self.group_kernel.items() if k in self.kernel_s}
+        default = self.w.tvm_default()
+        for overhead in sorted({0.0, self.model.overhead_s}):
+            plan = self.space.compose(default, known, overhead)
+            if plan.key not in self.measured and plan.key not in self.composed and plan.key != default.key:
+                self.composed[plan.key] = plan
+                study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
 
     def _fail_orphans(self, study: optuna.Study) -> None:
         # trials left RUNNING by a killed process on this host would never finish
@@ -415,8 +433,9 @@ class Tuner:
         if not fresh:
             return
         seed_keys = {p.key for p in self.seeds}
-        enqueued = [tp for tp in fresh if tp[1].key in seed_keys]
-        rest = [tp for tp in fresh if tp[1].key not in seed_keys]
+        first = seed_keys | set(self.composed)  # measured as they come, never screened
+        enqueued = [tp for tp in fresh if tp[1].key in first]
+        rest = [tp for tp in fresh if tp[1].key not in first]
         if self.model.ready and len(rest) > self.cfg.measure_per_batch:
             scored = sorted(rest, key=lambda tp: self.predict(tp[1]) or 0.0)
             chosen, screened = scored[: self.cfg.measure_per_batch], scored[self.cfg.measure_per_batch :]
@@ -426,7 +445,7 @@ class Tuner:
             if plan.key in self.measured:  # the same plan twice in one batch
                 self._tell_cached(study, trial, plan)
                 continue
-            role = "seed" if plan.key in seed_keys else "search"
+            role = "seed" if plan.key in seed_keys else "composed" if plan.key in self.composed else "search"
             self._tell(study, trial, self.measure(plan, role, trial.number))
         for trial, plan in screened:
             self.counts["screened"] += 1

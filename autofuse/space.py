@@ -152,6 +152,41 @@ class SearchSpace:
                 plans.setdefault(plan.key, plan)
         return list(plans.values())
 
+    def compose(self, base: FusionPlan, group_s: dict[tuple[int, ...], float], overhead_s: float = 0.0,
+                name: str = "composed") -> FusionPlan:
+        """`base` with the measured merges that paid, one kernel at a time.
+
+        A seed such as `+anchors` takes every merge of its kind at once, and one slower fused
+        kernel can sink the plan while others in it won. `group_s` holds each measured group's
+        kernel time (timed alone; a kernel's time depends on its group only, not on the plan it
+        came from). Greedily, the merge with the largest gain is taken: a measured group that is
+        exactly a union of current groups, all measured, faster than their sum plus
+        `overhead_s` per kernel saved. A merge that would not decode to the same legal plan is
+        skipped. The result is a candidate to measure, not a decision."""
+        groups = {g: None for g in base.groups}
+        owner = {n: g for g in groups for n in g}
+        refused: set[tuple[int, ...]] = set()
+        while True:
+            moves = []
+            for group, t in group_s.items():
+                parts = {owner[n] for n in group}
+                if (len(parts) > 1 and group not in refused and sum(map(len, parts)) == len(group)
+                        and all(p in group_s for p in parts)):
+                    gain = sum(group_s[p] for p in parts) + overhead_s * (len(parts) - 1) - t
+                    if gain > 0:
+                        moves.append((gain, group, parts))
+            if not moves:
+                return FusionPlan.from_groups(groups, name)
+            _, group, parts = max(moves)
+            trial = FusionPlan.from_groups([g for g in groups if g not in parts] + [group], name)
+            if self.decode(self.encode(trial)).key != trial.key:  # illegal together with earlier merges
+                refused.add(group)
+                continue
+            for p in parts:
+                del groups[p]
+            groups[group] = None
+            owner.update(dict.fromkeys(group, group))
+
 
 class _PlanBuilder:
     def __init__(self, graph: OpGraph, limits: FusionLimits) -> None:

@@ -84,7 +84,7 @@ class TuningRecord:
     groups: list[dict[str, Any]] = field(default_factory=list)  # nodes, kernel, features
     predicted_s: float | None = None
     protocol: dict[str, Any] = field(default_factory=dict)
-    role: str = "search"  # seed | search | model | finalist | best
+    role: str = "search"  # seed | composed | search | model | finalist | best
     trial: int | None = None
     study: str | None = None
     device: str = ""

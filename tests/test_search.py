@@ -186,3 +186,21 @@ def test_latencies_of_other_kernels_are_not_reused(small, tmp_path, monkeypatch)
     assert len(set(upgraded.calls)) >= 6
     assert {small.unfused().key, small.tvm_default().key} <= set(upgraded.calls)  # measured again
     assert {r.versions["kernels"] for r in TuningLog(tmp_path).records()} == {str(before), str(before + 1)}
+
+
+def test_search_measures_the_plan_composed_from_kernel_times(transformer, tmp_path):
+    # once the seeds are measured, TVM's plan with every merge whose kernel paid is measured
+    # next: here it beats every seed (each takes one kind of merge whole, good and bad alike)
+    fake = FakeMeasurer(transformer.graph)
+    Tuner(transformer, "llvm", fake, TuningLog(tmp_path), TuneConfig(trials=12, finalize=False)).run()
+    recs = TuningLog(tmp_path).records()
+    seeds = [r.measurement["median_s"] for r in recs if r.role == "seed"]
+    composed = [r for r in recs if r.role == "composed"]
+    assert len(seeds) >= 6 and composed
+    # in the round after the seeds' (which also measured the sampler's first picks)
+    assert recs.index(composed[0]) <= len(seeds) + TuneConfig().measure_per_batch
+    assert min(r.measurement["median_s"] for r in composed) < min(seeds)
+    space = SearchSpace(transformer.graph)
+    before = recs[: recs.index(composed[0])]
+    kernel_s = {g: fake.group_s(g) for r in before for g in map(tuple, (x["nodes"] for x in r.groups))}
+    assert composed[0].plan_key == space.compose(transformer.tvm_default(), kernel_s).key

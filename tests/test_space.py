@@ -5,6 +5,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from autofuse.plan import FusionLimits
+from autofuse.plan import FusionPlan
+from autofuse.plan import IllegalPlanError
 from autofuse.plan import validate
 from autofuse.space import SearchSpace
 from autofuse.space import load_limits
@@ -101,3 +103,47 @@ def test_plus_kinds_seeds_on_transformer(transformer):
         assert len(anchored) == 1
         rest = [n for b in parts - set(anchored) for n in base.groups[b]]
         assert rest and not any(nodes[n].is_anchor or nodes[n].is_reduction for n in rest)
+
+
+def test_compose_takes_only_the_merges_that_paid(transformer):
+    # each merge of TVM's groups that a seed measured is taken when its kernel beat the
+    # kernels it replaces (with the per-kernel overhead credited), and only then
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    seed = next(p for p in space.plus_kinds(base) if p.name == "tvm_default+anchors+epilogues")
+    grown = [g for g in seed.groups if g not in base.groups]
+    assert len(grown) >= 2
+    base_of = base.group_of()
+    group_s = dict.fromkeys(base.groups, 10e-6)
+    faster, slower = grown[::2], grown[1::2]
+    for g in grown:
+        parts = len({base_of[n] for n in g})
+        group_s[g] = parts * 10e-6 + (-1e-6 if g in faster else 1e-6)
+    plan = space.compose(base, group_s)
+    assert set(faster) <= set(plan.groups) and not set(slower) & set(plan.groups)
+    assert len(plan.groups) == len(base.groups) - sum(len({base_of[n] for n in g}) - 1 for g in faster)
+    validate(transformer.graph, plan, space.limits)
+    assert set(grown) <= set(space.compose(base, group_s, overhead_s=2e-6).groups)
+    assert space.compose(base, dict.fromkeys(base.groups, 1e-6)) == base  # nothing measured beyond
+
+
+def test_compose_skips_a_merge_that_would_close_a_cycle(transformer):
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    graph, groups = transformer.graph, base.groups
+
+    def illegal(a, b):
+        plan = FusionPlan.from_groups([g for g in groups if g not in (a, b)] + [a + b])
+        try:
+            validate(graph, plan, space.limits)
+        except IllegalPlanError:
+            return True
+        return False
+
+    # two groups with a path between them through a third: merged, the plan has a cycle
+    a, b = next((a, b) for a in groups for b in groups if a < b and any(
+        v in b for u in a for w in graph.succs[u] if w not in a + b for v in graph.succs[w]) and illegal(a, b))
+    cheap = tuple(sorted(a + b))
+    group_s = {**dict.fromkeys(groups, 10e-6), cheap: 1e-6}
+    plan = space.compose(base, group_s)
+    assert cheap not in plan.groups and plan == base
