@@ -23,6 +23,7 @@ from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.plan import IllegalPlanError
 from autofuse.plan import check_group
+from autofuse.plan import validate
 
 SPACE_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 
@@ -161,8 +162,9 @@ class SearchSpace:
         kernel time (timed alone; a kernel's time depends on its group only, not on the plan it
         came from). Greedily, the merge with the largest gain is taken: a measured group that is
         exactly a union of current groups, all measured, faster than their sum plus
-        `overhead_s` per kernel saved. A merge that would not decode to the same legal plan is
-        skipped. The result is a candidate to measure, not a decision."""
+        `overhead_s` per kernel saved. A merge that makes the plan illegal with those taken
+        before is skipped. The result is a candidate to measure, not a decision; it is the plan
+        its decisions decode to, so that the study measures this very plan."""
         groups = {g: None for g in base.groups}
         owner = {n: g for g in groups for n in g}
         refused: set[tuple[int, ...]] = set()
@@ -176,10 +178,12 @@ class SearchSpace:
                     if gain > 0:
                         moves.append((gain, group, parts))
             if not moves:
-                return FusionPlan.from_groups(groups, name)
+                return self.decode(self.encode(FusionPlan.from_groups(groups)), name)
             _, group, parts = max(moves)
-            trial = FusionPlan.from_groups([g for g in groups if g not in parts] + [group], name)
-            if self.decode(self.encode(trial)).key != trial.key:  # illegal together with earlier merges
+            try:
+                validate(self.graph, FusionPlan.from_groups([g for g in groups if g not in parts] + [group]),
+                         self.limits)
+            except IllegalPlanError:  # with the merges taken before (a cycle through another group)
                 refused.add(group)
                 continue
             for p in parts:
