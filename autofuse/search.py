@@ -384,10 +384,9 @@ class Tuner:
         if any(p.key not in self.measured for p in self.seeds):
             return
         known = {g: self.kernel_s[k] for g, k in self.group_kernel.items() if k in self.kernel_s}
-        default = self.w.tvm_default()
         for overhead in sorted({0.0, self.model.overhead_s}):
-            plan = self.space.compose(default, known, overhead)
-            if plan.key not in self.measured and plan.key not in self.composed and plan.key != default.key:
+            plan = self.space.compose(self.w.tvm_default(), known, overhead)
+            if plan.key not in self.measured and plan.key not in self.composed:  # TVM's plan is measured
                 self.composed[plan.key] = plan
                 study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
 

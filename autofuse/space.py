@@ -165,7 +165,7 @@ class SearchSpace:
         `overhead_s` per kernel saved. A merge that makes the plan illegal with those taken
         before is skipped. The result is a candidate to measure, not a decision; it is the plan
         its decisions decode to, so that the study measures this very plan."""
-        groups = {g: None for g in base.groups}
+        groups = set(base.groups)
         owner = {n: g for g in groups for n in g}
         refused: set[tuple[int, ...]] = set()
         while True:
@@ -181,14 +181,11 @@ class SearchSpace:
                 return self.decode(self.encode(FusionPlan.from_groups(groups)), name)
             _, group, parts = max(moves)
             try:
-                validate(self.graph, FusionPlan.from_groups([g for g in groups if g not in parts] + [group]),
-                         self.limits)
+                validate(self.graph, FusionPlan.from_groups((groups - parts) | {group}), self.limits)
             except IllegalPlanError:  # with the merges taken before (a cycle through another group)
                 refused.add(group)
                 continue
-            for p in parts:
-                del groups[p]
-            groups[group] = None
+            groups = (groups - parts) | {group}
             owner.update(dict.fromkeys(group, group))
 
 

@@ -147,3 +147,10 @@ def test_compose_skips_a_merge_that_would_close_a_cycle(transformer):
     group_s = {**dict.fromkeys(groups, 10e-6), cheap: 1e-6}
     plan = space.compose(base, group_s)
     assert cheap not in plan.groups and plan == base
+    # refused on the spot, it does not block a legal merge of one of its groups that gains less
+    # (taken and only undone by the final decode, it would have)
+    c = next(c for c in groups if c not in (a, b) and not illegal(a, c))
+    legal = tuple(sorted(a + c))
+    plan = space.compose(base, {**group_s, legal: 15e-6})
+    assert legal in plan.groups and cheap not in plan.groups
+    validate(graph, plan, space.limits)
