@@ -403,6 +403,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--out", default="benchmarks")
     ap.add_argument("--export-only", action="store_true", help="write OUT/models/NAME.onnx and stop")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a run cut short: keep the models already in OUT/results.json, measure the rest")
     ap.add_argument("--opset", type=int, default=None,
                     help="ONNX opset of the torch exports (default: the exporter's; 23 writes Attention and RMSNormalization)")
     args = ap.parse_args()
@@ -420,12 +422,19 @@ def main() -> None:
         return
     limits = machine_limits()  # measured again at the end: the best of both (a busy moment only lowers them)
     results: list[dict[str, Any]] = []
+    if args.resume and (out / "results.json").exists():
+        before = json.loads((out / "results.json").read_text())
+        results = [r for r in before["models"] if r["model"] in names]
+        limits = {k: max(v, before["limits"].get(k, 0.0)) for k, v in limits.items()}
+        print(f"resuming: {len(results)} of {len(names)} models already measured", file=sys.stderr)
 
     def save() -> None:  # after every model: a run cut short keeps what it measured
         (out / "results.json").write_text(json.dumps({"limits": limits, "models": results}, indent=1))
         write_report(results, limits, out, "python scripts/benchmark.py " + " ".join(sys.argv[1:]))
 
     for name in names:
+        if any(r["model"] == name for r in results):
+            continue
         print(f"== {name}", file=sys.stderr, flush=True)
         results.append(run_model(name, args))
         save()
