@@ -151,7 +151,8 @@ def tune(
     measure_cfg = MeasureConfig(repeat=repeat, timeout_s=timeout)
     database = str(log_dir / "metaschedule")
     with IsolatedMeasurer(w, target=target, config=measure_cfg, limits=limits, build_only=build_only,
-                          scheduler=scheduler, database=database, resource_limits=resource_limits) as m:
+                          scheduler=scheduler, database=database, resource_limits=resource_limits,
+                          pair_with_default=True) as m:
         make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "

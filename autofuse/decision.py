@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from autofuse.build import MeasureConfig
 from autofuse.measure import Measurement
+from autofuse.measure import paired_ratio
 from autofuse.plan import FusionPlan
 
 
@@ -44,9 +45,7 @@ class Rounds:
 def paired_speedup(base: Measurement, other: Measurement) -> float | None:
     """The median over paired samples (same index: timed back to back) of base / other; None
     unless both hold the same number of samples."""
-    if len(base.latencies_s) != len(other.latencies_s) or not base.latencies_s:
-        return None
-    return statistics.median(x / y for x, y in zip(base.latencies_s, other.latencies_s) if y > 0)
+    return paired_ratio(base.latencies_s, other.latencies_s)
 
 
 MeasureMany = Callable[[list[FusionPlan], MeasureConfig], list[Measurement]]

@@ -55,6 +55,9 @@ class Measurement:
     kernel_latencies_s: dict[str, float] = field(default_factory=dict)  # newly timed kernels
     # GPU: registers / spill_bytes / smem_bytes / stack_bytes per kernel hash (gpu_resources)
     resources: dict[str, dict[str, int]] = field(default_factory=dict)
+    # TVM's plan timed in turns with this one (IsolatedMeasurer.pair_with_default): sample k of
+    # each taken back to back, so that their ratio holds through the host's slow spells
+    default_latencies_s: tuple[float, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -72,9 +75,20 @@ class Measurement:
         q = statistics.quantiles(self.latencies_s, n=4, method="inclusive")
         return (q[2] - q[0]) / statistics.median(self.latencies_s)
 
+    @property
+    def default_s(self) -> float | None:
+        """TVM's plan's median in the same turns; None unless it was timed beside this plan."""
+        return statistics.median(self.default_latencies_s) if self.default_latencies_s else None
+
+    @property
+    def vs_default(self) -> float | None:
+        """This plan's latency over TVM's plan's, paired sample by sample (paired_ratio)."""
+        return paired_ratio(self.latencies_s, self.default_latencies_s)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["latencies_s"] = list(self.latencies_s)
+        out["default_latencies_s"] = list(self.default_latencies_s)
         out["kernels"] = list(self.kernels)
         out["median_s"] = self.median_s
         out["spread"] = self.spread
@@ -85,8 +99,19 @@ class Measurement:
         known = {f for f in Measurement.__dataclass_fields__}
         kept = {k: v for k, v in data.items() if k in known}
         kept["latencies_s"] = tuple(kept.get("latencies_s") or ())
+        kept["default_latencies_s"] = tuple(kept.get("default_latencies_s") or ())
         kept["kernels"] = tuple(kept.get("kernels") or ())
         return Measurement(**kept)
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The median over paired samples (same index: timed back to back) of a / b; None unless
+    both hold the same, non-zero number of samples. Pairing cancels a shared host's slow spells,
+    which move both samples of a pair alike."""
+    if len(a) != len(b) or not a:
+        return None
+    ratios = [x / y for x, y in zip(a, b) if y > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 @dataclass
@@ -109,6 +134,10 @@ class IsolatedMeasurer:
         scheduler: how kernels are scheduled (build.SCHEDULERS; None: the target's default).
         database: MetaSchedule work dir, for scheduler 'metaschedule'.
         resource_limits: GPU kernels over these are 'over_limit' (gpu_resources).
+        pair_with_default: `measure` times each plan in turns with TVM's plan (compiled once per
+            worker), in `Measurement.default_latencies_s`: the tuner's yardstick for comparing
+            plans measured minutes apart on a host whose speed drifts (BERT's trials read 190 us
+            and 300 us for near-identical plans, in slow spells lasting tens of seconds).
     """
 
     workload: Workload
@@ -120,6 +149,7 @@ class IsolatedMeasurer:
     scheduler: str | None = None
     database: str | None = None
     resource_limits: ResourceLimits = field(default_factory=ResourceLimits)
+    pair_with_default: bool = False
     _worker: _Worker | None = None
     _module_path: str | None = None
 
@@ -143,9 +173,16 @@ class IsolatedMeasurer:
         try:
             request = self._plan_request(plan, config, scheduler, build_only=self.build_only,
                                          time_groups=time_groups, known_kernels=sorted(known_kernels))
+            if self.pair_with_default and not self.build_only:
+                request["paired_with"] = [list(g) for g in self.workload.tvm_default().groups]
         except IllegalPlanError as err:
             return Measurement(plan.key, "illegal", error=str(err), rule=err.rule)
-        return self._measurement(plan, self._exchange(request, config.timeout_s), time.perf_counter() - start)
+        result = self._exchange(request, config.timeout_s)
+        if result.get("stage") == "pair" and result["status"] != "ok":  # TVM's plan killed the worker
+            self.pair_with_default = False
+            del request["paired_with"]
+            result = self._exchange(request, config.timeout_s)
+        return self._measurement(plan, result, time.perf_counter() - start)
 
     @staticmethod
     def _measurement(plan: FusionPlan, result: dict[str, Any], wall_s: float) -> Measurement:
@@ -154,6 +191,7 @@ class IsolatedMeasurer:
             result.pop("status"),
             latencies_s=tuple(result.pop("latencies_s", ())),
             kernels=tuple(result.pop("kernels", ())),
+            default_latencies_s=tuple(result.pop("default_latencies_s", ())),
             wall_s=wall_s,
             **{k: v for k, v in result.items() if k in Measurement.__dataclass_fields__},
         )
@@ -276,14 +314,15 @@ class IsolatedMeasurer:
             left = deadline - time.monotonic()
             if left <= 0 or not worker.conn.poll(left):
                 self._kill()
-                return {"status": "timeout", "error": f"no result after {timeout_s:g}s ({stage})"}
+                return {"status": "timeout", "error": f"no result after {timeout_s:g}s ({stage})", "stage": stage}
             try:
                 kind, payload = worker.conn.recv()
             except (EOFError, OSError):
                 code = worker.process.wait(5)
                 self._kill()
                 status = "build_error" if stage == "build" else "runtime_error"
-                return {"status": status, "error": f"worker process died during {stage} (exit code {code})"}
+                return {"status": status, "error": f"worker process died during {stage} (exit code {code})",
+                        "stage": stage}
             if kind == "stage":
                 stage = payload
             elif kind == "result":

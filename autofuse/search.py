@@ -163,6 +163,7 @@ class Tuner:
         self.measured: dict[str, Measurement] = {}
         self.kernel_s: dict[str, float] = {}  # kernel hash -> latency, this target/scheduler
         self.group_kernel: dict[tuple[int, ...], str] = {}  # this workload's groups -> kernel
+        self.anchor_s: dict[str, float] = {}  # model key -> TVM's plan's latency in its first paired record
         self.predictions: list[tuple[float, float]] = []  # (predicted, measured) before measuring
         self.overhead_pairs: list[tuple[float, float, int]] = []
         self.counts = {"measured": 0, "screened": 0, "cached": 0}
@@ -186,8 +187,12 @@ class Tuner:
                 self._learn(rec)
 
     def _learn(self, rec: TuningRecord) -> None:
-        kernel_lat = rec.measurement.get("kernel_latencies_s") or {}
-        self.kernel_s.update(kernel_lat)
+        m = Measurement.from_dict(rec.measurement)
+        if m.default_s:
+            self.anchor_s.setdefault(rec.model_key, m.default_s)
+        # kernels timed in a slow spell of the host are scaled back to the anchor's speed
+        scale = self.anchor_s[rec.model_key] / m.default_s if m.default_s else 1.0
+        self.kernel_s.update({k: t * scale for k, t in (rec.measurement.get("kernel_latencies_s") or {}).items()})
         for g in rec.groups:
             kernel = g.get("kernel")
             if kernel and kernel in self.kernel_s and g.get("features"):
@@ -195,7 +200,6 @@ class Tuner:
             if kernel and rec.model_key == self.w.key:
                 self.group_kernel[tuple(g["nodes"])] = kernel
         if rec.model_key == self.w.key and rec.role != "best":
-            m = Measurement.from_dict(rec.measurement)
             known = self.measured.get(rec.plan_key)
             # a timed result (e.g. ingested from a remote device) replaces a build-only one
             if m.status != "illegal" and (known is None or (m.ok and not known.ok)):
@@ -204,8 +208,18 @@ class Tuner:
 
     def _note_overhead(self, groups: list[dict[str, Any]], m: Measurement) -> None:
         times = [self.kernel_s.get(g.get("kernel", "")) for g in groups]
-        if m.median_s and groups and all(t is not None for t in times):
-            self.overhead_pairs.append((m.median_s, float(sum(times)), len(groups)))  # type: ignore[arg-type]
+        value = self.value(m)
+        if value and groups and all(t is not None for t in times):
+            self.overhead_pairs.append((value, float(sum(times)), len(groups)))  # type: ignore[arg-type]
+
+    def value(self, m: Measurement) -> float | None:
+        """A plan's latency as the search compares plans measured minutes apart: with TVM's plan
+        timed beside it (IsolatedMeasurer.pair_with_default), their paired ratio times TVM's
+        plan's latency in the workload's first paired record (the anchor); else its own median.
+        This host's speed drifts by 1.6x in spells of tens of seconds (BERT's seeds and composed
+        plans read 190 us and 300 us alike), which ranked trials by the spell they fell in."""
+        ratio, anchor = m.vs_default, self.anchor_s.get(self.w.key)
+        return ratio * anchor if ratio and anchor else m.median_s
 
     # --- measuring and logging ----------------------------------------------------------------
 
@@ -272,10 +286,11 @@ class Tuner:
         self._load_history()  # learns our record, and any other worker's appended meanwhile
         if role in ("seed", "composed", "search", "model"):
             self.measured[plan.key] = m
+        value = self.value(m)
         if m.ok and predicted is not None and role == "search":
-            self.predictions.append((predicted, m.median_s or 0.0))
-        if own and m.ok and (self.best_s is None or (m.median_s or 0) < self.best_s):
-            self.best_s = m.median_s
+            self.predictions.append((predicted, value or 0.0))
+        if own and m.ok and (self.best_s is None or (value or 0) < self.best_s):
+            self.best_s = value
         self.model.fit()
         self.model.fit_overhead(self.overhead_pairs)
         self.progress({"event": "measured", "plan": plan, "measurement": m, "best_s": self.best_s, "role": role})
@@ -408,7 +423,7 @@ class Tuner:
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
         if m.ok:
-            study.tell(trial, m.median_s)
+            study.tell(trial, self.value(m))
         else:
             trial.set_user_attr("failure", f"{m.status}: {m.error}")
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -499,8 +514,8 @@ class Tuner:
                             final.speedup(default.key, winner.key))
 
     def _fastest(self, n: int) -> list[str]:
-        ok = [(k, m.median_s) for k, m in self.measured.items() if m.ok and m.median_s]
-        return [k for k, _ in sorted(ok, key=lambda km: km[1])[:n]]
+        ok = [(k, self.value(m)) for k, m in self.measured.items() if m.ok and m.median_s]
+        return [k for k, _ in sorted(ok, key=lambda km: km[1] or 0.0)[:n]]
 
     def _decide(self, rounds: Rounds, default: FusionPlan, plans: dict[str, FusionPlan]) -> tuple[FusionPlan, str]:
         medians = {k: m.median_s for k, m in rounds.good.items() if m.median_s}
@@ -563,7 +578,7 @@ class Tuner:
         if not ok:
             m = self.measured.get(default.key) or Measurement(default.key, "runtime_error", error="nothing measured")
             return self._result(default, m, default, "search only, nothing measured", None)
-        key, m = min(ok, key=lambda km: km[1].median_s or 0.0)
+        key, m = min(ok, key=lambda km: self.value(km[1]) or 0.0)
         return self._result(plans.get(key, default), m, default, "search only (no final decision)", self.measured.get(default.key))
 
     def _result(

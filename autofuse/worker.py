@@ -10,6 +10,7 @@ Protocol over a multiprocessing Connection: the parent sends a request dict; the
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable
@@ -80,6 +81,7 @@ class _Session:
         self.feeds = random_inputs(self.specs, seed=0)
         self.compute = compute_dtype(n.dtype for n in self.graph.nodes)
         self.reference: dict[str, list[np.ndarray]] = {}
+        self.paired: dict[str, Any] = {}  # paired_executable's cache
 
     def compile(
         self, groups: list[list[int]], target_spec: str, scheduler: str | None = None, database: str | None = None
@@ -106,6 +108,23 @@ class _Session:
             self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
         return self.reference[target_spec]
 
+    def paired_executable(self, req: dict[str, Any], conn: Connection) -> Any:
+        """The plan to time beside this one (`paired_with`), compiled once per worker; None when
+        none is asked for or it does not build (the seed that measures TVM's plan logs that
+        failure, and plans are then timed alone). Its build is stage 'pair': the parent stops
+        pairing if the worker dies there."""
+        if not req.get("paired_with"):
+            return None
+        key = json.dumps([req["paired_with"], req["target"], req.get("scheduler"), req.get("database")])
+        if key not in self.paired:
+            conn.send(("stage", "pair"))
+            try:
+                self.paired[key] = self.compile(req["paired_with"], req["target"], req.get("scheduler"),
+                                                req.get("database"))[0]
+            except Exception:
+                self.paired[key] = None
+        return self.paired[key]
+
 
 def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
     from autofuse import build
@@ -120,8 +139,15 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
     if built is None:
         return out
     ex, dev, scheduled, kernels, target = built
+    config = build.MeasureConfig(**req["config"])
     try:
-        out["latencies_s"] = build.time_latency(ex, dev, session.feeds, build.MeasureConfig(**req["config"]))
+        paired = session.paired_executable(req, conn)
+        if paired is not None:
+            conn.send(("stage", "run"))
+            out["latencies_s"], out["default_latencies_s"] = build.time_interleaved(
+                [ex, paired], dev, session.feeds, config)
+        else:
+            out["latencies_s"] = build.time_latency(ex, dev, session.feeds, config)
     except Exception as err:
         out.update(status="runtime_error", error=_short(err))
         return out

@@ -190,7 +190,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = TuneConfig(trials=args.trials, seed=0, kernel_trials=args.kernel_trials, kernel_plans=args.kernel_plans)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    with IsolatedMeasurer(w, config=MeasureConfig(repeat=7), scheduler="rules", database=database) as m:
+    with IsolatedMeasurer(w, config=MeasureConfig(repeat=7), scheduler="rules", database=database,
+                          pair_with_default=True) as m:
         result = Tuner(w, "llvm", m, log, cfg, scheduler="rules").run()
     tune_s = time.perf_counter() - t0
     peak_mb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rss_before,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from autofuse.build import MeasureConfig
 from autofuse.graph import OpGraph
@@ -41,3 +42,25 @@ class FakeMeasurer:
         return Measurement(plan.key, "ok", latencies_s=(total,) * 5, compile_s=0.01,
                            max_abs_err=0.0, kernels=kernels,
                            kernel_latencies_s=lat if time_groups else {})
+
+
+class DriftingMeasurer(FakeMeasurer):
+    """FakeMeasurer on a host whose speed drifts: every second measurement runs `slow` times
+    slower, kernels included, and reports TVM's plan timed beside it in the same spell (as
+    IsolatedMeasurer.pair_with_default does)."""
+
+    def __init__(self, graph: OpGraph, default: FusionPlan, slow: float = 1.6) -> None:
+        super().__init__(graph)
+        self.default, self.slow = default, slow
+        self.plans: dict[str, FusionPlan] = {}
+
+    def measure(self, plan, config=None, time_groups=False, known_kernels=(), scheduler=None):
+        m = super().measure(plan, config, time_groups, known_kernels, scheduler)
+        self.plans[plan.key] = plan
+        spell = self.slow if len(self.calls) % 2 == 0 else 1.0
+        return replace(
+            m,
+            latencies_s=tuple(t * spell for t in m.latencies_s),
+            kernel_latencies_s={k: t * spell for k, t in m.kernel_latencies_s.items()},
+            default_latencies_s=(self.latency_s(self.default) * spell,) * len(m.latencies_s),
+        )

@@ -281,3 +281,29 @@ def test_samples_are_taken_with_the_garbage_collector_off():
     seen.clear()
     time_callable(lambda: seen.append(gc.isenabled()), repeat=3, min_repeat_s=0)
     assert seen[-3:] == [False] * 3 and gc.isenabled()
+
+
+def test_plans_are_timed_beside_tvm_s_plan_when_asked(mlp):
+    with IsolatedMeasurer(mlp, config=FAST, pair_with_default=True) as m:
+        unfused, default = m.measure(mlp.unfused()), m.measure(mlp.tvm_default())
+    for r in (unfused, default):
+        assert r.status == "ok", r.error
+        assert len(r.default_latencies_s) == len(r.latencies_s) == 5 and r.default_s > 0
+        assert Measurement.from_dict(r.to_dict()) == r
+    assert 0.5 < default.vs_default < 2.0  # TVM's plan beside itself
+
+
+def test_pairing_stops_when_tvm_s_plan_kills_the_worker(mlp, monkeypatch):
+    m = IsolatedMeasurer(mlp, config=FAST, pair_with_default=True)
+    sent = []
+
+    def exchange(request, timeout_s):
+        sent.append(dict(request))
+        if "paired_with" in request:
+            return {"status": "runtime_error", "error": "worker process died during pair", "stage": "pair"}
+        return {"status": "ok", "latencies_s": [1e-3] * 5}
+
+    monkeypatch.setattr(m, "_exchange", exchange)
+    first, second = m.measure(mlp.unfused()), m.measure(mlp.unfused())
+    assert first.ok and second.ok and not first.default_latencies_s
+    assert ["paired_with" in r for r in sent] == [True, False, False]  # asked once, then never again

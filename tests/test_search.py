@@ -7,6 +7,7 @@ from autofuse.search import Tuner
 from autofuse.space import SearchSpace
 from autofuse.tuning_log import TuningLog
 
+from fakes import DriftingMeasurer
 from fakes import FakeMeasurer
 
 
@@ -204,3 +205,16 @@ def test_search_measures_the_plan_composed_from_kernel_times(transformer, tmp_pa
     before = recs[: recs.index(composed[0])]
     kernel_s = {g: fake.group_s(g) for r in before for g in map(tuple, (x["nodes"] for x in r.groups))}
     assert composed[0].plan_key == space.compose(transformer.tvm_default(), kernel_s).key
+
+
+def test_search_compares_plans_through_the_host_s_slow_spells(transformer, tmp_path):
+    # every second measurement runs 1.6x slower, TVM's plan timed beside it alike: the tuner
+    # ranks plans by their ratio to TVM's plan, and scales kernels timed in a spell back
+    fake = DriftingMeasurer(transformer.graph, transformer.tvm_default())
+    tuner = Tuner(transformer, "llvm", fake, TuningLog(tmp_path), TuneConfig(trials=16, finalize=False))
+    tuner.run()
+    true_s = {k: fake.latency_s(p) for k, p in fake.plans.items()}
+    assert tuner._fastest(3) == sorted(true_s, key=true_s.get)[:3]
+    for group, kernel in tuner.group_kernel.items():
+        assert tuner.kernel_s[kernel] == pytest.approx(fake.group_s(group))
+    assert tuner.best_s == pytest.approx(min(true_s.values()))
