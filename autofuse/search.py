@@ -174,6 +174,7 @@ class Tuner:
         self._load_history()
         self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
         self.composed: dict[str, FusionPlan] = {}  # plans SearchSpace.compose made from kernel times
+        self._composed_from: tuple[int, float] | None = None  # what the last composition knew
 
     # --- history ------------------------------------------------------------------------------
 
@@ -399,6 +400,9 @@ class Tuner:
         if any(p.key not in self.measured for p in self.seeds):
             return
         known = {g: self.kernel_s[k] for g, k in self.group_kernel.items() if k in self.kernel_s}
+        if self._composed_from == (len(known), self.model.overhead_s):  # nothing new to compose from
+            return
+        self._composed_from = (len(known), self.model.overhead_s)
         for overhead in sorted({0.0, self.model.overhead_s}):
             plan = self.space.compose(self.w.tvm_default(), known, overhead)
             if plan.key not in self.measured and plan.key not in self.composed:  # TVM's plan is measured
