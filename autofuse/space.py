@@ -163,9 +163,17 @@ class SearchSpace:
         came from). Greedily, the merge with the largest gain is taken: a measured group that is
         exactly a union of current groups, all measured, faster than their sum plus
         `overhead_s` per kernel saved. A merge that makes the plan illegal with those taken
-        before is skipped. The result is a candidate to measure, not a decision; it is the plan
-        its decisions decode to, so that the study measures this very plan."""
+        before is skipped. First, a group of `base` slower than its ops as kernels of their own
+        (all measured, plus the overhead) is split into them: FuseOps makes a few such groups
+        (MobileNetV2: 22.8 us fused, 14.0 us apart); splitting a convex group never closes a
+        cycle. The result is a candidate to measure, not a decision; it is the plan its
+        decisions decode to, so that the study measures this very plan."""
         groups = set(base.groups)
+        for g in base.groups:
+            ops = [(n,) for n in g]
+            if (len(g) > 1 and g in group_s and all(o in group_s for o in ops)
+                    and sum(group_s[o] for o in ops) + overhead_s * (len(g) - 1) < group_s[g]):
+                groups = (groups - {g}) | set(ops)
         owner = {n: g for g in groups for n in g}
         refused: set[tuple[int, ...]] = set()
         while True:

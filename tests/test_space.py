@@ -154,3 +154,19 @@ def test_compose_skips_a_merge_that_would_close_a_cycle(transformer):
     plan = space.compose(base, {**group_s, legal: 15e-6})
     assert legal in plan.groups and cheap not in plan.groups
     validate(graph, plan, space.limits)
+
+
+def test_compose_splits_a_group_slower_than_its_ops_apart(transformer):
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    big = [g for g in base.groups if len(g) > 1]
+    slow, fine = big[0], big[1]
+    group_s = dict.fromkeys(base.groups, 10e-6)
+    group_s.update({(n,): 1e-6 for g in (slow, fine) for n in g})
+    group_s[slow] = len(slow) * 1e-6 + 0.5e-6  # slower fused than its ops apart
+    group_s[fine] = len(fine) * 1e-6 - 0.5e-6
+    plan = space.compose(base, group_s)
+    assert not {(n,) for n in fine} & set(plan.groups) and fine in plan.groups
+    assert slow not in plan.groups and {(n,) for n in slow} <= set(plan.groups)
+    validate(transformer.graph, plan, space.limits)
+    assert slow in space.compose(base, group_s, overhead_s=1e-6).groups  # the overhead outweighs it
