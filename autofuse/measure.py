@@ -85,6 +85,13 @@ class Measurement:
         """This plan's latency over TVM's plan's, paired sample by sample (paired_ratio)."""
         return paired_ratio(self.latencies_s, self.default_latencies_s)
 
+    def at_default_s(self, default_s: float | None) -> float | None:
+        """This plan's latency had TVM's plan run in `default_s`: the paired ratio times it, which
+        compares plans measured minutes apart through the host's drift; without a pair or a
+        `default_s`, the plan's own median."""
+        ratio = self.vs_default
+        return ratio * default_s if ratio and default_s else self.median_s
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["latencies_s"] = list(self.latencies_s)

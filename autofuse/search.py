@@ -219,8 +219,7 @@ class Tuner:
         plan's latency in the workload's first paired record (the anchor); else its own median.
         This host's speed drifts by 1.6x in spells of tens of seconds (BERT's seeds and composed
         plans read 190 us and 300 us alike), which ranked trials by the spell they fell in."""
-        ratio, anchor = m.vs_default, self.anchor_s.get(self.w.key)
-        return ratio * anchor if ratio and anchor else m.median_s
+        return m.at_default_s(self.anchor_s.get(self.w.key))
 
     # --- measuring and logging ----------------------------------------------------------------
 

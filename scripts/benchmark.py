@@ -37,6 +37,7 @@ from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
 from autofuse.importer import random_inputs
 from autofuse.measure import IsolatedMeasurer
+from autofuse.measure import Measurement
 from autofuse.metrics import plan_metrics
 from autofuse.search import TuneConfig
 from autofuse.search import Tuner
@@ -161,8 +162,16 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
     return out
 
 
+def trial_latencies(records: list[Any]) -> list[float]:
+    """The tuner's trials in order, as the tuner compared them (Tuner.value): paired with TVM's
+    plan and scaled to its latency in the first paired record, where they were paired."""
+    ms = [Measurement.from_dict(r.measurement) for r in records if r.role in ("seed", "composed", "search")]
+    anchor = next((m.default_s for m in ms if m.default_s), None)
+    return [x for x in (m.at_default_s(anchor) for m in ms if m.ok) if x]
+
+
 def trials_to_within(records: list[Any], frac: float = 0.02) -> int | None:
-    lat = [r.median_s for r in records if r.role in ("seed", "search") and r.median_s]
+    lat = trial_latencies(records)
     if not lat:
         return None
     best = min(lat)
@@ -232,7 +241,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_mb": peak_mb,
         "measured_plans": result.measured,
         "trials_to_2pct": trials_to_within(records),
-        "convergence_s": [r.median_s for r in records if r.role in ("seed", "search") and r.median_s],
+        "convergence_s": trial_latencies(records),
         "min_bytes": weights + io,
         "cost_model": result.summary["cost_model"],
         "cheap_vs_tuned_tau": result.summary.get("cheap_vs_tuned_tau"),
