@@ -12,6 +12,7 @@ from collections import Counter
 import optuna
 import pytest
 
+from autofuse.measure import Measurement
 from autofuse.tuning_log import TuningLog
 
 TRIALS = 10
@@ -46,6 +47,8 @@ def check_study(study, log_dir):
     assert len(owners) == 2, owners  # both workers took trials
     records = [r for r in TuningLog(log_dir).records() if r.study == study.study_name]
     by_trial = Counter(r.trial for r in records)
+    anchor = next(m.default_s for m in (Measurement.from_dict(r.measurement) for r in TuningLog(log_dir).records())
+                  if m.default_s)
     assert all(c == 1 for c in by_trial.values()), by_trial  # no trial measured twice
     for t in finished:  # no trial lost: each is a logged measurement or a cache hit of one
         if t.user_attrs.get("cached"):
@@ -58,7 +61,10 @@ def check_study(study, log_dir):
             candidates = [r for r in records if r.trial == t.number]
         assert all(r.plan_key == t.user_attrs["plan_key"] for r in candidates)
         if t.state == optuna.trial.TrialState.COMPLETE:
-            assert any(t.value == pytest.approx(r.median_s) for r in candidates), (t.value, candidates)
+            # the value told is the tuner's (Tuner.value): paired with TVM's plan, scaled to TVM's
+            # plan's latency in the first paired record of the log, which both workers read first
+            assert any(t.value == pytest.approx(Measurement.from_dict(r.measurement).at_default_s(anchor))
+                       for r in candidates), (t.value, candidates)
 
 
 def _study(storage, log_dir):
