@@ -132,8 +132,8 @@ def rounds_beside_onnxruntime(
             ort.append(baseline)
             return got
 
-        res = measure_rounds(measure_many, plans, rounds, config, between=measurer.restart)
-    return res, pool_rounds(ort, res.good.get(default.key)) if ort else None
+        res = measure_rounds(measure_many, plans, rounds, config, between=measurer.restart, reference=default.key)
+    return res, pool_rounds([ort[i] for i in res.kept], res.good.get(default.key)) if ort else None
 
 
 def median_and_spread(samples: Sequence[float]) -> tuple[float, float | None]:

@@ -349,6 +349,7 @@ def bench(
     from autofuse.baselines import rounds_beside_onnxruntime
     from autofuse.build import cpu_threads
     from autofuse.build import MeasureConfig
+    from autofuse.decision import SLOW_SPELL
     from autofuse.measure import IsolatedMeasurer
     from autofuse.metrics import plan_metrics
 
@@ -380,7 +381,7 @@ def bench(
     if ort is not None:
         rows.append({"name": "onnxruntime", **ort, "status": "ok" if ort["status"] == "ok" else "error"})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,
-              "threads": cpu_threads(), "scheduler": scheduler}
+              "threads": cpu_threads(), "scheduler": scheduler, "rounds": res.ran, "slow_rounds": res.slow_rounds}
     if as_json:
         print(json.dumps(result, indent=1))
         return
@@ -395,6 +396,9 @@ def bench(
         table.add_row(r["name"], _fmt_us(r["median_s"]), noise, ratio, str(r.get("kernels", "-")),
                       r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error')}")
     out.print(table)
+    if res.slow_rounds:
+        out.print(f"{res.slow_rounds} of {res.ran} rounds ran in a slow spell of the host (tvm_default "
+                  f">= {SLOW_SPELL}x its fastest round): measured again, left out")
 
 
 @app.command()

@@ -523,6 +523,8 @@ class Tuner:
     def _decide(self, rounds: Rounds, default: FusionPlan, plans: dict[str, FusionPlan]) -> tuple[FusionPlan, str]:
         medians = {k: m.median_s for k, m in rounds.good.items() if m.median_s}
         key, reason = decide_over_default(medians, rounds.noise, default.key, self.cfg.min_gain, rounds.per_round)
+        if rounds.slow_rounds:
+            reason += f"; {rounds.slow_rounds} of {rounds.ran} rounds ran in a slow spell of the host, left out"
         return plans.get(key, default), reason
 
     def _finalize_tuned(
@@ -566,7 +568,7 @@ class Tuner:
         base = getattr(self.measurer, "config", MeasureConfig())
         cfg = replace(base, repeat=max(3, self.cfg.final_repeat // rounds))
         return measure_rounds(lambda ps, c: self.measure_many(ps, "finalist", c, scheduler), plans, rounds, cfg,
-                              between=getattr(self.measurer, "restart", None))
+                              between=getattr(self.measurer, "restart", None), reference=self.w.tvm_default().key)
 
     def _known_plans(self) -> list[FusionPlan]:
         plans = {p.key: p for p in self.seeds}

@@ -35,6 +35,7 @@ from autofuse.baselines import rounds_beside_onnxruntime
 from autofuse.baselines import time_callable
 from autofuse.build import MeasureConfig
 from autofuse.build import cpu_threads
+from autofuse.decision import SLOW_SPELL
 from autofuse.importer import random_inputs
 from autofuse.measure import IsolatedMeasurer
 from autofuse.measure import Measurement
@@ -134,14 +135,17 @@ def machine_limits() -> dict[str, float]:
 # --- one model ----------------------------------------------------------------------------------
 
 
-def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int) -> dict[str, Any]:
+def side_by_side(
+    w: Any, plans: dict[str, Any], scheduler: str, database: str, rounds: int, repeat: int
+) -> tuple[dict[str, Any], int]:
     """The tuner's protocol (decision.measure_rounds): rounds in fresh processes, the plans timed
     in turns sample by sample, pooled median per plan, noise as the spread of per-round medians;
     onnxruntime's samples taken in turns with theirs (row 'onnxruntime').
 
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
-    or a slowdown."""
+    or a slowdown. Returns the rows and the number of rounds left out as run in a slow spell of
+    the host (decision.SLOW_SPELL), measured again."""
     with IsolatedMeasurer(w, config=MeasureConfig(repeat=repeat), scheduler=scheduler, database=database) as m:
         res, ort = rounds_beside_onnxruntime(m, list(plans.values()), rounds, MeasureConfig(repeat=repeat),
                                              w.loaded.onnx_model, plans["tvm_default"])
@@ -159,7 +163,7 @@ def side_by_side(w: Any, plans: dict[str, Any], scheduler: str, database: str, r
     out["onnxruntime"] = {"median_s": ort["median_s"], "noise": ort["spread"],
                           "status": "ok" if ort["status"] == "ok" else f"{ort['status']}: {ort['error']}",
                           "paired_vs_tvm_default": ort["vs_tvm_default"]}
-    return out
+    return out, res.slow_rounds
 
 
 def trial_latencies(records: list[Any]) -> list[float]:
@@ -207,7 +211,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     scheduler = result.summary.get("scheduler", "rules")
     plans = {"unfused": w.unfused(), "tvm_default": w.tvm_default(), "autofuse": result.best}
-    rows = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
+    rows, slow_rounds = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
     glue = glue_share(w, scheduler, database)
     feeds = random_inputs(w.inputs)
     baselines = [("tvm_stock", lambda: time_tvm_stock(path, feeds, args.repeat))]
@@ -233,6 +237,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "inputs": [str(s) for s in w.inputs],
         "gflop": flops / 1e9,
         "results": rows,
+        "slow_rounds": slow_rounds,
         "metrics": metrics,
         "scheduler": scheduler,
         "decision": result.reason,
@@ -311,7 +316,9 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three rounds in one run of "
         "this script, each round in a fresh worker process in which the plans and onnxruntime are timed in "
-        "turns, sample by sample, all on the same threads; 'noise' is the spread of the per-round medians (or of the samples, "
+        "turns, sample by sample, all on the same threads; a round in which TVM's plan ran "
+        f"{SLOW_SPELL}x slower than in its fastest round ran in a slow spell of the host and was measured "
+        f"again ({sum(r.get('slow_rounds', 0) for r in results)} such rounds in this run); 'noise' is the spread of the per-round medians (or of the samples, "
         "if larger); 'vs tvm_default' is paired: the median over the two plans' samples taken back to back "
         "of their ratio. 'glue' is the share of TVM's plan's kernel time (kernels timed alone) in kernels with no "
         "matmul or convolution: what fusion can remove or hide. The "

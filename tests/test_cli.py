@@ -82,8 +82,10 @@ def test_show_and_bench(tuned):
     assert result.exit_code == 0 and "best plan" in result.stdout and "kernel time" in result.stdout
     result = invoke("bench", model, "--log-dir", log_dir, "--repeat", 3, "--rounds", 2, "--json")
     assert result.exit_code == 0, result.output
-    rows = {r["name"]: r for r in json.loads(result.stdout)["results"]}
+    data = json.loads(result.stdout)
+    rows = {r["name"]: r for r in data["results"]}
     assert set(rows) == {"unfused", "tvm_default", "autofuse", "onnxruntime"}
+    assert 2 <= data["rounds"] <= 4 and data["slow_rounds"] <= data["rounds"] - 2
     assert all(r["median_s"] > 0 and r["spread"] is not None for r in rows.values())
     # onnxruntime's samples were taken in turns with the plans': its ratio is paired
     assert rows["onnxruntime"]["vs_tvm_default"] > 0

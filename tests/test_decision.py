@@ -54,3 +54,58 @@ def test_speedup_is_paired_over_samples_taken_in_turns():
     short = Measurement("cand", "ok", latencies_s=(95, 95))
     assert Rounds({"tvm": base, "cand": short}, {}, {}, MeasureConfig(), {}).speedup("tvm", "cand") is None
     assert rounds.speedup("tvm", "missing") is None
+
+
+def test_rounds_in_a_slow_spell_are_left_out_and_run_again():
+    # round 2 ran in a slow spell of the host: TVM's plan 1.6x slower, and the candidate, 3%
+    # faster in every other round, 8% slower in it (a spell changes the ranking, it does not
+    # just scale it); the round is measured again and left out of the decision
+    from autofuse.build import MeasureConfig
+    from autofuse.decision import measure_rounds
+    from autofuse.measure import Measurement
+    from autofuse.plan import FusionPlan
+
+    tvm, cand = FusionPlan.from_groups([[0, 1]]), FusionPlan.from_groups([[0], [1]])
+    calls = []
+
+    def measure_many(plans, config):
+        slow = len(calls) == 1
+        calls.append([p.key for p in plans])
+        lat = {tvm.key: 160.0 if slow else 100.0, cand.key: 172.8 if slow else 97.0}
+        return [Measurement(p.key, "ok", (lat[p.key],) * config.repeat) for p in plans]
+
+    cfg = MeasureConfig(repeat=3)
+    res = measure_rounds(measure_many, [tvm, cand], 3, cfg, reference=tvm.key)
+    assert len(calls) == 4 and res.kept == [0, 2, 3] and res.slow_rounds == 1
+    assert res.per_round[cand.key] == [97.0] * 3 and len(res.good[tvm.key].latencies_s) == 9
+    assert res.config.repeat == 9 and res.noise[tvm.key] == 0.0
+
+    def decide(rounds):
+        medians = {k: m.median_s for k, m in rounds.good.items()}
+        return decide_over_default(medians, rounds.noise, tvm.key, 0.02, rounds.per_round)[0]
+
+    assert decide(res) == cand.key  # 3% faster in every round kept
+    # without a reference every round counts: the slow round's -8% makes the gain unclear
+    calls.clear()
+    plain = measure_rounds(measure_many, [tvm, cand], 3, cfg)
+    assert len(calls) == 3 and plain.kept == [0, 1, 2] and plain.slow_rounds == 0
+    assert decide(plain) == tvm.key
+
+
+def test_a_host_slow_for_good_gets_at_most_twice_the_rounds():
+    from autofuse.build import MeasureConfig
+    from autofuse.decision import measure_rounds
+    from autofuse.measure import Measurement
+    from autofuse.plan import FusionPlan
+
+    tvm = FusionPlan.from_groups([[0, 1]])
+    runs = []
+
+    def measure_many(plans, config):  # fast once, slow ever after
+        runs.append(1)
+        return [Measurement(p.key, "ok", (100.0 if len(runs) == 1 else 150.0,) * config.repeat) for p in plans]
+
+    res = measure_rounds(measure_many, [tvm], 3, MeasureConfig(repeat=3), reference=tvm.key)
+    assert len(runs) == 6 and res.ran == 6
+    # one fast round is no usual speed: every round counts
+    assert res.kept == list(range(6)) and res.slow_rounds == 0 and len(res.good[tvm.key].latencies_s) == 18

@@ -307,3 +307,24 @@ def test_pairing_stops_when_tvm_s_plan_kills_the_worker(mlp, monkeypatch):
     first, second = m.measure(mlp.unfused()), m.measure(mlp.unfused())
     assert first.ok and second.ok and not first.default_latencies_s
     assert ["paired_with" in r for r in sent] == [True, False, False]  # asked once, then never again
+
+
+def test_a_trial_in_a_slow_spell_is_timed_again(mlp, monkeypatch):
+    # TVM's plan (timed beside each trial) ran 2x slower than its fastest in this worker: the
+    # spell changes the ranking too, so the pair is timed once more and the faster take kept
+    from autofuse import build
+
+    takes = iter([([1.0], [100.0]), ([3.0], [200.0]), ([1.1], [110.0]), ([4.0], [300.0]), ([5.0], [290.0])])
+    calls = []
+
+    def interleaved(executables, dev, feeds, config):
+        calls.append(1)
+        return next(takes)
+
+    monkeypatch.setattr(build, "time_interleaved", interleaved)
+    session = _session(mlp)
+    paired = object()
+    assert session.time_paired("ex", paired, None, FAST) == ([1.0], [100.0]) and len(calls) == 1
+    assert session.time_paired("ex", paired, None, FAST) == ([1.1], [110.0]) and len(calls) == 3
+    # slow twice: the faster of the two takes, and no third
+    assert session.time_paired("ex", paired, None, FAST) == ([5.0], [290.0]) and len(calls) == 5
