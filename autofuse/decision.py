@@ -29,6 +29,12 @@ from autofuse.plan import FusionPlan
 SLOW_SPELL = 1.25
 
 
+def in_slow_spell(reference_s: float, fastest_s: float) -> bool:
+    """Whether the reference plan, timed at `reference_s` where its fastest was `fastest_s`, ran
+    in a slow spell of the host (SLOW_SPELL): the one test for finalist rounds and paired trials."""
+    return reference_s > SLOW_SPELL * fastest_s
+
+
 @dataclass
 class Rounds:
     """Pooled measurements of the plans that ran every kept round, their noise, the failures
@@ -128,7 +134,7 @@ def _usual_speed(per: list[dict[str, Measurement]], reference: str | None) -> li
     if not ref:
         return list(range(len(per)))
     fastest = min(ref.values())
-    return [i for i in range(len(per)) if i not in ref or ref[i] <= SLOW_SPELL * fastest]
+    return [i for i in range(len(per)) if i not in ref or not in_slow_spell(ref[i], fastest)]
 
 
 def decide_over_default(

@@ -115,14 +115,14 @@ class _Session:
         worker (a slow spell of the host changes the plans' ranking, not only their speed), the
         take in which it ran faster kept."""
         from autofuse import build
-        from autofuse.decision import SLOW_SPELL
+        from autofuse.decision import in_slow_spell
 
         fastest = self.fastest_paired_s.get(id(paired), float("inf"))
         takes = []
         for _ in range(2):
             mine, ref = build.time_interleaved([ex, paired], dev, self.feeds, config)
             takes.append((float(np.median(ref)), mine, ref))
-            if takes[-1][0] <= SLOW_SPELL * fastest:
+            if not in_slow_spell(takes[-1][0], fastest):
                 break
         ref_s, mine, ref = min(takes, key=lambda t: t[0])
         self.fastest_paired_s[id(paired)] = min(fastest, ref_s)
