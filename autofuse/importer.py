@@ -29,6 +29,7 @@ from autofuse import onnx_constants
 from autofuse import onnx_contrib
 from autofuse import onnx_converters
 from autofuse import onnx_corrections
+from autofuse import onnx_deform_conv
 from autofuse import onnx_dft
 from autofuse import onnx_float16
 from autofuse import onnx_integer
@@ -273,7 +274,7 @@ def _fix_values(model: onnx.ModelProto, fixed: Sequence[InputSpec]) -> onnx.Mode
 # operators TVM's frontend lacks, and stock converters corrected (onnx_resize, onnx_corrections)
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
                **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS, **onnx_resize.CONVERTERS,
-               **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS}
+               **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS, **onnx_deform_conv.CONVERTERS}
 
 
 @functools.cache
@@ -337,7 +338,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         model, more = onnx_loop.unroll(model)
         unrolled += more
     if unrolled:
-        notes.append(f"{unrolled} Loop node(s) with a constant trip count unrolled")
+        notes.append(f"{unrolled} Loop or Scan node(s) of a fixed length unrolled")
     _refuse_run_time_branches(model, specs)
     model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
     if folded:

@@ -1,7 +1,8 @@
 """ONNX operators TVM's frontend lacks that are compositions of Relax ops it has.
 
-Celu, Swish and SwiGLU (activations), LpNormalization, CumProd, ReverseSequence, ConvInteger
-and RotaryEmbedding (opset 23; onnxscript's `onnx_fusions` writes Llama-style models' RoPE as it).
+Celu, Swish and SwiGLU (activations), LpNormalization, CumProd, ReverseSequence, ConvInteger,
+CenterCropPad, Col2Im (a transposed convolution) and RotaryEmbedding (opset 23; onnxscript's
+`onnx_fusions` writes Llama-style models' RoPE as it).
 Each becomes the elementwise, reduction and indexing ops it computes, as the ONNX reference
 defines it, so the fusion search sees them like any other chain of ops (an activation fuses into
 its producer's epilogue). Before these, a model holding one stopped at "unsupported operator".
@@ -16,6 +17,7 @@ from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
@@ -149,6 +151,63 @@ def rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: l
     return bb.emit(relax.op.reshape(rotated, shape))
 
 
+
+def _center_crop_pad(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Each of `axes` cropped or zero-padded to its target length around the centre (an odd
+    difference leaves the extra element at the end): a strided slice, then a pad."""
+    x, target = inputs[0], optional_input(inputs, 1, params)
+    shape = static_shape(x)
+    if shape is None or not is_const(target):
+        raise ValueError("CenterCropPad: the input needs a static shape and the target shape must be a constant")
+    sizes = [int(v) for v in target.value.numpy().reshape(-1)]
+    axes = [int(a) % len(shape) for a in attr.get("axes", range(len(shape)))]
+    begin, end, pad = [0] * len(shape), list(shape), [0] * (2 * len(shape))
+    for axis, size in zip(axes, sizes):
+        if size < shape[axis]:
+            begin[axis] = (shape[axis] - size) // 2
+            end[axis] = begin[axis] + size
+        elif size > shape[axis]:
+            pad[2 * axis] = (size - shape[axis]) // 2
+            pad[2 * axis + 1] = size - shape[axis] - pad[2 * axis]
+    if begin != [0] * len(shape) or end != list(shape):
+        x = bb.emit(relax.op.strided_slice(x, list(range(len(shape))), begin, end))
+    return bb.emit(relax.op.nn.pad(x, pad)) if any(pad) else x
+
+
+def _col2im(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """[N, C * prod(block), L] blocks summed back into [N, C, *image] (PyTorch's fold): a
+    transposed convolution of the blocks' grid, grouped by channel, with one-hot kernels (block
+    element k of channel c lands at kernel position k), so TVM's convolution schedules run it."""
+    x = inputs[0]
+    image, block = (optional_input(inputs, i, params) for i in (1, 2))
+    shape = static_shape(x)
+    if shape is None or not (is_const(image) and is_const(block)):
+        raise ValueError("Col2Im: the input needs a static shape, image_shape and block_shape must be constants")
+    image = [int(v) for v in image.value.numpy().reshape(-1)]
+    block = [int(v) for v in block.value.numpy().reshape(-1)]
+    dims = len(image)
+    if dims not in (1, 2):
+        raise ValueError(f"Col2Im: {dims}-D images are not supported (1-D and 2-D are)")
+    strides = [int(v) for v in attr.get("strides", [1] * dims)]
+    dilations = [int(v) for v in attr.get("dilations", [1] * dims)]
+    pads = [int(v) for v in attr.get("pads", [0] * 2 * dims)]
+    grid = [(image[i] + pads[i] + pads[i + dims] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+            for i in range(dims)]
+    n, rows, length = shape
+    k = int(np.prod(block))
+    channels = rows // k
+    if rows % k or length != int(np.prod(grid)):
+        raise ValueError(f"Col2Im: input {list(shape)} does not hold {block} blocks over a {grid} grid")
+    kernel = np.eye(k, dtype=str(x.ty.dtype)).reshape(k, 1, *block)
+    weight = array_const(np.tile(kernel, (channels, 1) + (1,) * dims))  # [C * K, 1, *block]
+    covered = [(grid[i] - 1) * strides[i] - pads[i] - pads[i + dims] + dilations[i] * (block[i] - 1) + 1
+               for i in range(dims)]
+    extra = [image[i] - covered[i] for i in range(dims)]  # the rows no block reaches (< stride)
+    grid_x = bb.emit(relax.op.reshape(x, [n, rows, *grid]))
+    transpose = relax.op.nn.conv2d_transpose if dims == 2 else relax.op.nn.conv1d_transpose
+    return bb.emit(transpose(grid_x, weight, strides=strides, padding=pads, output_padding=extra,
+                             dilation=dilations, groups=channels))
+
 CONVERTERS: dict[str, type] = {
     "Celu": converter("Celu", {1: _celu}),
     "Swish": converter("Swish", {1: _swish_op}),
@@ -158,4 +217,6 @@ CONVERTERS: dict[str, type] = {
     "ReverseSequence": converter("ReverseSequence", {1: _reverse_sequence}),
     "RotaryEmbedding": converter("RotaryEmbedding", {1: rotary_embedding}),
     "ConvInteger": converter("ConvInteger", {1: _conv_integer}),
+    "CenterCropPad": converter("CenterCropPad", {18: _center_crop_pad}),
+    "Col2Im": converter("Col2Im", {18: _col2im}),
 }

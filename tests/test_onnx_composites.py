@@ -88,6 +88,38 @@ def test_reverse_sequence(tmp_path, time_axis, batch_axis):
     check(model, tmp_path)
 
 
+@pytest.mark.parametrize("shape,target,axes", [
+    ((3, 10, 7), (6, 11), [1, 2]),  # an even crop, an odd pad
+    ((4, 9, 8), (2, 6, 8), None),  # an odd crop, an even crop, unchanged
+    ((2, 5, 6), (9, 3), [-1, 1]),  # negative axes, taken in the order given
+])
+def test_center_crop_pad(tmp_path, shape, target, axes):
+    out = list(shape)
+    for axis, size in zip(axes if axes is not None else range(len(shape)), target):
+        out[axis] = size
+    attrs = {"axes": axes} if axes is not None else {}
+    check(one_node("CenterCropPad", {"x": shape}, tuple(out), 18,
+                   consts={"shape": np.array(target, np.int64)}, **attrs), tmp_path)
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ((9, 8), (3, 3), {}),
+    ((10, 9), (2, 3), {"strides": [2, 3], "pads": [1, 0, 0, 2], "dilations": [1, 2]}),  # rows no block reaches
+    ((12,), (4,), {"strides": [2], "pads": [1, 1]}),
+])
+def test_col2im(tmp_path, image, block, attrs):
+    dims, channels, batch = len(image), 3, 2
+    strides = attrs.get("strides", [1] * dims)
+    pads = attrs.get("pads", [0] * 2 * dims)
+    dilations = attrs.get("dilations", [1] * dims)
+    grid = [(image[i] + pads[i] + pads[i + dims] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+            for i in range(dims)]
+    x = (batch, channels * int(np.prod(block)), int(np.prod(grid)))
+    model = one_node("Col2Im", {"x": x}, (batch, channels, *image), 18,
+                     consts={"image": np.array(image, np.int64), "block": np.array(block, np.int64)}, **attrs)
+    check(model, tmp_path)
+
+
 @pytest.mark.parametrize("layout,interleaved,dim,positions", [
     ("4d", 0, 0, True), ("4d", 1, 0, True), ("3d", 0, 8, True), ("3d", 1, 0, False), ("4d", 0, 4, False)])
 def test_rotary_embedding(tmp_path, layout, interleaved, dim, positions):

@@ -70,7 +70,7 @@ def test_unrolled_loops_match_onnxruntime(tmp_path, opset, outer_cond):
     assert count == 1 and not any(n.op_type == "Loop" for n in unrolled.graph.node)
     onnx.checker.check_model(unrolled)
     w, feeds, got = import_and_run(model, tmp_path)
-    assert "1 Loop node(s) with a constant trip count unrolled" in w.loaded.notes
+    assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
     want = run_onnxruntime(model, w.inputs, feeds)
     assert [g.shape for g in got] == [(2, 3), (4, 2, 3)]
     for g, r in zip(got, want):
@@ -129,9 +129,67 @@ def test_a_count_read_from_a_fixed_input_shape_is_unrolled_after_simplification(
     onnx.save(model, path)
     assert onnx_loop.unroll(model)[1] == 0  # not before the shapes are fixed
     w = prepare(path, [onnx_input("x")])
-    assert "1 Loop node(s) with a constant trip count unrolled" in w.loaded.notes
+    assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
     target = build.make_target("llvm")
     feeds = random_inputs(w.inputs)
     got = build.run(build.build(apply.apply_plan(w.mod, w.graph, w.unfused()), target), build.device_for(target), feeds)
     for g, r in zip(got, run_onnxruntime(model, w.inputs, feeds)):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def scan_model(opset: int, length: int | str = 5) -> onnx.ModelProto:
+    """A recurrence as older exporters write it: h <- tanh(h * w + x_t + y_t) over 5 steps, x
+    scanned forward along axis 1, y backward along axis 0; the states are stacked forward along
+    axis 1 and, as h * 2, backward along axis 0. `length` a name: x's and y's scanned axis is
+    dynamic (fixed by the importer)."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["h", "w"], ["hw"]),
+         helper.make_node("Add", ["hw", "xt"], ["a"]),
+         helper.make_node("Add", ["a", "yt"], ["b"]),
+         helper.make_node("Tanh", ["b"], ["h_next"]),
+         helper.make_node("Identity", ["h_next"], ["out1"]),
+         helper.make_node("Add", ["h_next", "h_next"], ["out2"])],
+        "body",
+        [helper.make_tensor_value_info(n, F, [2, 3]) for n in ("h", "xt", "yt")],
+        [helper.make_tensor_value_info(n, F, [2, 3]) for n in ("h_next", "out1", "out2")],
+        [numpy_helper.from_array(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "w")])
+    scan = helper.make_node("Scan", ["h0", "x", "y"], ["h_final", "hs", "hs2"], body=body, num_scan_inputs=2,
+                            scan_input_axes=[1, 0], scan_input_directions=[0, 1],
+                            scan_output_axes=[1, -3], scan_output_directions=[0, 1])
+    graph = helper.make_graph(
+        [scan], "scan",
+        [helper.make_tensor_value_info("h0", F, [2, 3]), helper.make_tensor_value_info("x", F, [2, length, 3]),
+         helper.make_tensor_value_info("y", F, [length, 2, 3])],
+        [helper.make_tensor_value_info("h_final", F, [2, 3]), helper.make_tensor_value_info("hs", F, [2, 5, 3]),
+         helper.make_tensor_value_info("hs2", F, [5, 2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_unrolled_scans_match_onnxruntime(tmp_path, opset):
+    model = scan_model(opset)
+    unrolled, count = onnx_loop.unroll(model)
+    assert count == 1 and not any(n.op_type == "Scan" for n in unrolled.graph.node)
+    onnx.checker.check_model(unrolled)
+    w, feeds, got = import_and_run(model, tmp_path)
+    assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
+    want = run_onnxruntime(model, w.inputs, feeds)
+    assert [g.shape for g in got] == [(2, 3), (2, 5, 3), (5, 2, 3)]
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scan_over_a_dynamic_axis_is_unrolled_once_the_importer_fixes_it(tmp_path):
+    from autofuse.importer import InputSpec
+
+    model = scan_model(17, length="steps")
+    assert onnx_loop.unroll(model)[1] == 0  # its length is not known yet
+    path = tmp_path / "scan.onnx"
+    onnx.save(model, path)
+    specs = [InputSpec("h0", (2, 3), "float32"), InputSpec("x", (2, 5, 3), "float32"),
+             InputSpec("y", (5, 2, 3), "float32")]
+    with pytest.raises(ModelError, match=r"unsupported ONNX operator.*Scan"):
+        prepare(path, specs, simplify=False)
+    w = prepare(path, specs)
+    assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
+    assert not any(n.op_type == "Scan" for n in w.loaded.onnx_model.graph.node)
