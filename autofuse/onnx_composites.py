@@ -16,8 +16,8 @@ from tvm import relax
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import const_int
+from autofuse.onnx_converters import const_ints
 from autofuse.onnx_converters import converter
-from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
 
@@ -155,11 +155,10 @@ def rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: l
 def _center_crop_pad(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """Each of `axes` cropped or zero-padded to its target length around the centre (an odd
     difference leaves the extra element at the end): a strided slice, then a pad."""
-    x, target = inputs[0], optional_input(inputs, 1, params)
+    x, sizes = inputs[0], const_ints(optional_input(inputs, 1, params))
     shape = static_shape(x)
-    if shape is None or not is_const(target):
+    if shape is None or sizes is None:
         raise ValueError("CenterCropPad: the input needs a static shape and the target shape must be a constant")
-    sizes = [int(v) for v in target.value.numpy().reshape(-1)]
     axes = [int(a) % len(shape) for a in attr.get("axes", range(len(shape)))]
     begin, end, pad = [0] * len(shape), list(shape), [0] * (2 * len(shape))
     for axis, size in zip(axes, sizes):
@@ -179,20 +178,20 @@ def _col2im(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
     transposed convolution of the blocks' grid, grouped by channel, with one-hot kernels (block
     element k of channel c lands at kernel position k), so TVM's convolution schedules run it."""
     x = inputs[0]
-    image, block = (optional_input(inputs, i, params) for i in (1, 2))
+    image, block = (const_ints(optional_input(inputs, i, params)) for i in (1, 2))
     shape = static_shape(x)
-    if shape is None or not (is_const(image) and is_const(block)):
+    if shape is None or image is None or block is None:
         raise ValueError("Col2Im: the input needs a static shape, image_shape and block_shape must be constants")
-    image = [int(v) for v in image.value.numpy().reshape(-1)]
-    block = [int(v) for v in block.value.numpy().reshape(-1)]
     dims = len(image)
     if dims not in (1, 2):
         raise ValueError(f"Col2Im: {dims}-D images are not supported (1-D and 2-D are)")
     strides = [int(v) for v in attr.get("strides", [1] * dims)]
     dilations = [int(v) for v in attr.get("dilations", [1] * dims)]
     pads = [int(v) for v in attr.get("pads", [0] * 2 * dims)]
-    grid = [(image[i] + pads[i] + pads[i + dims] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
-            for i in range(dims)]
+    # the span the blocks' first elements may start over: a grid of span // stride + 1 blocks,
+    # and span % stride last rows no block reaches (the transposed convolution's output padding)
+    span = [image[i] + pads[i] + pads[i + dims] - dilations[i] * (block[i] - 1) - 1 for i in range(dims)]
+    grid = [span[i] // strides[i] + 1 for i in range(dims)]
     n, rows, length = shape
     k = int(np.prod(block))
     channels = rows // k
@@ -200,9 +199,7 @@ def _col2im(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
         raise ValueError(f"Col2Im: input {list(shape)} does not hold {block} blocks over a {grid} grid")
     kernel = np.eye(k, dtype=str(x.ty.dtype)).reshape(k, 1, *block)
     weight = array_const(np.tile(kernel, (channels, 1) + (1,) * dims))  # [C * K, 1, *block]
-    covered = [(grid[i] - 1) * strides[i] - pads[i] - pads[i + dims] + dilations[i] * (block[i] - 1) + 1
-               for i in range(dims)]
-    extra = [image[i] - covered[i] for i in range(dims)]  # the rows no block reaches (< stride)
+    extra = [span[i] % strides[i] for i in range(dims)]
     grid_x = bb.emit(relax.op.reshape(x, [n, rows, *grid]))
     transpose = relax.op.nn.conv2d_transpose if dims == 2 else relax.op.nn.conv1d_transpose
     return bb.emit(transpose(grid_x, weight, strides=strides, padding=pads, output_padding=extra,

@@ -49,6 +49,11 @@ def const_int(expr: relax.Expr | None) -> int | None:
     return int(expr.value.numpy().reshape(-1)[0]) if is_const(expr) else None
 
 
+def const_ints(expr: relax.Expr | None) -> list[int] | None:
+    """The integers a constant input holds (a shape, sizes), None where it is not a constant."""
+    return [int(v) for v in expr.value.numpy().reshape(-1)] if is_const(expr) else None
+
+
 def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     """The expression's shape, or None where its rank or a dimension is unknown."""
     try:

@@ -15,6 +15,7 @@ import numpy as np
 from tvm import relax
 
 from autofuse.onnx_converters import array_const
+from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_shape
@@ -50,16 +51,11 @@ def _deform_conv(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list)
     sampled = None
     for dy in (0, 1):
         for dx in (0, 1):
-            yy = relax.op.add(y0, relax.const(float(dy), dtype))
-            xx = relax.op.add(x0, relax.const(float(dx), dtype))
-            weight = relax.op.multiply(fy if dy else relax.op.subtract(relax.const(1.0, dtype), fy),
-                                       fx if dx else relax.op.subtract(relax.const(1.0, dtype), fx))
-            inside = relax.op.logical_and(
-                relax.op.logical_and(relax.op.greater_equal(yy, relax.const(0.0, dtype)),
-                                     relax.op.less_equal(yy, relax.const(float(h - 1), dtype))),
-                relax.op.logical_and(relax.op.greater_equal(xx, relax.const(0.0, dtype)),
-                                     relax.op.less_equal(xx, relax.const(float(width - 1), dtype))))
-            weight = relax.op.where(inside, weight, relax.const(0.0, dtype))
+            yy, xx = bb.emit(relax.op.add(y0, const_like(dy, y0))), bb.emit(relax.op.add(x0, const_like(dx, x0)))
+            weight = relax.op.multiply(fy if dy else relax.op.subtract(const_like(1.0, fy), fy),
+                                       fx if dx else relax.op.subtract(const_like(1.0, fx), fx))
+            inside = relax.op.logical_and(_within(yy, h - 1), _within(xx, width - 1))
+            weight = relax.op.where(inside, weight, const_like(0.0, y0))
             if scale is not None:
                 weight = relax.op.multiply(weight, scale)
             weight = bb.emit(relax.op.reshape(weight, flat))
@@ -77,6 +73,11 @@ def _deform_conv(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list)
     if bias is not None:
         out = bb.emit(relax.op.add(out, relax.op.reshape(bias, [1, out_c, 1, 1])))
     return out
+
+
+def _within(v: relax.Expr, last: int) -> relax.Expr:
+    """0 <= v <= last, elementwise (a corner's row or column inside the image)."""
+    return relax.op.logical_and(relax.op.greater_equal(v, const_like(0.0, v)), relax.op.less_equal(v, const_like(last, v)))
 
 
 CONVERTERS: dict[str, type] = {"DeformConv": converter("DeformConv", {19: _deform_conv})}

@@ -65,14 +65,19 @@ def loop_model(opset: int, trips: int | None = 4, with_if: bool = False, outer_c
 
 @pytest.mark.parametrize("opset,outer_cond", [(11, False), (17, False), (17, True)])
 def test_unrolled_loops_match_onnxruntime(tmp_path, opset, outer_cond):
-    model = loop_model(opset, outer_cond=outer_cond)
+    check_unrolled(loop_model(opset, outer_cond=outer_cond), "Loop", [(2, 3), (4, 2, 3)], tmp_path)
+
+
+def check_unrolled(model: onnx.ModelProto, op: str, shapes: list[tuple[int, ...]], tmp_path) -> None:
+    """`model`'s one `op` node is unrolled to a valid model, and imported, it computes outputs of
+    `shapes` that match onnxruntime's run of `model` itself."""
     unrolled, count = onnx_loop.unroll(model)
-    assert count == 1 and not any(n.op_type == "Loop" for n in unrolled.graph.node)
+    assert count == 1 and not any(n.op_type == op for n in unrolled.graph.node)
     onnx.checker.check_model(unrolled)
     w, feeds, got = import_and_run(model, tmp_path)
     assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
     want = run_onnxruntime(model, w.inputs, feeds)
-    assert [g.shape for g in got] == [(2, 3), (4, 2, 3)]
+    assert [g.shape for g in got] == shapes
     for g, r in zip(got, want):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
@@ -167,16 +172,7 @@ def scan_model(opset: int, length: int | str = 5) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("opset", [11, 17])
 def test_unrolled_scans_match_onnxruntime(tmp_path, opset):
-    model = scan_model(opset)
-    unrolled, count = onnx_loop.unroll(model)
-    assert count == 1 and not any(n.op_type == "Scan" for n in unrolled.graph.node)
-    onnx.checker.check_model(unrolled)
-    w, feeds, got = import_and_run(model, tmp_path)
-    assert "1 Loop or Scan node(s) of a fixed length unrolled" in w.loaded.notes
-    want = run_onnxruntime(model, w.inputs, feeds)
-    assert [g.shape for g in got] == [(2, 3), (2, 5, 3), (5, 2, 3)]
-    for g, r in zip(got, want):
-        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+    check_unrolled(scan_model(opset), "Scan", [(2, 3), (2, 5, 3), (5, 2, 3)], tmp_path)
 
 
 def test_a_scan_over_a_dynamic_axis_is_unrolled_once_the_importer_fixes_it(tmp_path):
