@@ -211,7 +211,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     scheduler = result.summary.get("scheduler", "rules")
     plans = {"unfused": w.unfused(), "tvm_default": w.tvm_default(), "autofuse": result.best}
-    rows, slow_rounds = side_by_side(w, plans, scheduler, database, rounds=3, repeat=args.repeat)
+    rows, slow_rounds = side_by_side(w, plans, scheduler, database, rounds=args.rounds, repeat=args.repeat)
     glue = glue_share(w, scheduler, database)
     feeds = random_inputs(w.inputs)
     baselines = [("tvm_stock", lambda: time_tvm_stock(path, feeds, args.repeat))]
@@ -237,6 +237,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "inputs": [str(s) for s in w.inputs],
         "gflop": flops / 1e9,
         "results": rows,
+        "rounds": args.rounds,
         "slow_rounds": slow_rounds,
         "metrics": metrics,
         "scheduler": scheduler,
@@ -309,12 +310,13 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
     def same(r: dict[str, Any]) -> str:
         return " (same plan)" if "tvm_default" in r["results"]["autofuse"].get("same_plan_as", ()) else ""
 
+    rounds = " or ".join(sorted({str(r.get("rounds", 3)) for r in results}))  # runs before --rounds: three
     lines = [
         "# autofuse benchmark results",
         "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
-        f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of three rounds in one run of "
+        f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of {rounds} rounds in one run of "
         "this script, each round in a fresh worker process in which the plans and onnxruntime are timed in "
         "turns, sample by sample, all on the same threads; a round in which TVM's plan ran over "
         f"{SLOW_SPELL}x slower than in its fastest round ran in a slow spell of the host and was measured "
@@ -418,6 +420,9 @@ def main() -> None:
     ap.add_argument("--kernel-trials", type=int, default=0, help="MetaSchedule trials per kernel (0: off)")
     ap.add_argument("--kernel-plans", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="side-by-side rounds, each in a fresh worker (as many as the tuner's finals: with three, "
+                         "one odd process moved norm_chain's paired reading from 1.04x to 0.85x)")
     ap.add_argument("--out", default="benchmarks")
     ap.add_argument("--export-only", action="store_true", help="write OUT/models/NAME.onnx and stop")
     ap.add_argument("--resume", action="store_true",
