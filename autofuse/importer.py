@@ -340,9 +340,15 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     if unrolled:
         notes.append(f"{unrolled} Loop or Scan node(s) of a fixed length unrolled")
     _refuse_run_time_branches(model, specs)
-    model, folded = onnx_constants.fold(model, lambda node: not _converts(node))
+    four_bits = onnx_constants.reads_four_bits(model.graph)
+    model, folded = onnx_constants.fold(model, lambda node: not _converts(node) or four_bits(node))
     if folded:
-        notes.append(f"{folded} node(s) TVM has no converter for evaluated at import (constant inputs)")
+        notes.append(f"{folded} node(s) TVM has no converter or type for evaluated at import (constant inputs)")
+    narrow = [name for name, t in onnx_constants.constant_tensors(model.graph).items()
+              if t.data_type in onnx_constants.FOUR_BIT]
+    if narrow:
+        raise ModelError(f"{path}: 4-bit (int4/uint4) tensor(s) {', '.join(narrow[:3])} read at run time: only 4-bit "
+                         "constants dequantized by constants (a weight's DequantizeLinear) are supported")
     missing = unsupported_ops(model)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -25,6 +25,16 @@ def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return known
 
 
+FOUR_BIT = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+
+
+def reads_four_bits(graph: onnx.GraphProto) -> Callable[[onnx.NodeProto], bool]:
+    """Whether a node reads a 4-bit constant (int4/uint4: a blocked-quantized weight's
+    DequantizeLinear), a type TVM's frontend cannot hold: such a node is folded at import."""
+    narrow = {name for name, t in constant_tensors(graph).items() if t.data_type in FOUR_BIT}
+    return lambda node: any(i in narrow for i in node.input)
+
+
 def renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
     copy = onnx.TensorProto()
     copy.CopyFrom(tensor)
@@ -66,7 +76,23 @@ def fold(model: onnx.ModelProto, unsupported: Callable[[onnx.NodeProto], bool]) 
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
+    # the constants only folded nodes read go too (a 4-bit weight the frontend cannot hold)
+    read = _names_read(out.graph) | {o.name for o in out.graph.output}
+    kept = [t for t in out.graph.initializer if t.name in read]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
     return out, folded
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of `graph` or of its subgraphs (which may read the outer scope) reads."""
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for a in node.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                names |= _names_read(sub)
+    return names
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:

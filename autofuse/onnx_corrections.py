@@ -7,7 +7,11 @@ here, the stock converter still doing the common case:
 - LayerNormalization returned scalar zeros for its Mean and InvStdDev outputs;
 - IsInf ignored `detect_negative` / `detect_positive`;
 - SpaceToDepth ignored `mode` (opset 25's CRD order: channels scrambled);
-- Pow refused an integer exponent on a float base (what `x ** 2` exports as) and integer bases.
+- Pow refused an integer exponent on a float base (what `x ** 2` exports as) and integer bases;
+- DequantizeLinear and QuantizeLinear refused opset 21's `block_size` (blocked quantization:
+  a scale, and zero point, per block of `block_size` elements along the axis, as 4-bit weight
+  quantizers write them); 4-bit constants (int4/uint4, which TVM cannot hold) are dequantized
+  at import instead (importer, onnx_constants.fold).
 And two that computed the right numbers in a form normalisation could not take: Sum, Mean,
 Max and Min of several tensors stacked them into one tensor of a rank more and reduced it, which
 ConvertLayout refused (Caffe2-exported ResNet-50's residual Sum: "Invalid SLayout"); they are
@@ -147,6 +151,55 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
     return _stock("Cast")._impl_v13(bb, inputs, attr, params)
 
 
+def _per_element(bb: relax.BlockBuilder, value: relax.Expr, shape: tuple[int, ...], axis: int, block: int) -> relax.Expr:
+    """A blocked scale or zero point (one per `block` elements along `axis`) repeated to the
+    quantized tensor's `shape`; the last block may be partial."""
+    value = bb.emit(relax.op.repeat(value, block, axis))
+    if static_shape(value)[axis] != shape[axis]:  # type: ignore[index]
+        value = bb.emit(relax.op.strided_slice(value, [axis], [0], [shape[axis]]))
+    return value
+
+
+def _blocked_quantization(op: str, quantize: bool) -> type:
+    """DequantizeLinear or QuantizeLinear with opset 21's `block_size` as the elementwise
+    arithmetic of ONNX's reference (x - zero point in float32, times the scale; or x / scale
+    rounded half to even, plus the zero point, saturated to the type); without it, the stock
+    converter of the model's opset."""
+    stock = _stock(op)
+
+    def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, version: int) -> relax.Expr:
+        block = int(attr.get("block_size", 0))
+        if not block:
+            return getattr(stock, f"_impl_v{version}")(bb, inputs, attr, params)
+        x, scale = inputs[0], inputs[1]
+        zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+        shape = static_shape(x)
+        if shape is None:
+            raise ValueError(f"{op} with block_size needs a static input shape")
+        axis = int(attr.get("axis", 1)) % len(shape)
+        scale = bb.emit(relax.op.astype(_per_element(bb, scale, shape, axis, block), "float32"))
+        if zero is not None:
+            zero = bb.emit(relax.op.astype(_per_element(bb, zero, shape, axis, block), "float32"))
+        if not quantize:
+            shifted = relax.op.astype(x, "float32") if zero is None else relax.op.subtract(
+                relax.op.astype(x, "float32"), zero)
+            out = attr.get("output_dtype") or 0
+            dtype = element_dtype(out) if out else str(inputs[1].ty.dtype)
+            return relax.op.astype(bb.emit(relax.op.multiply(bb.emit(shifted), scale)), dtype)
+        out = attr.get("output_dtype") or 0
+        dtype = str(inputs[2].ty.dtype) if zero is not None else element_dtype(out) if out else "uint8"
+        if dtype not in ("uint8", "int8", "uint16", "int16"):
+            raise ValueError(f"{op} with block_size to {dtype} is not supported")
+        q = bb.emit(relax.op.round(bb.emit(relax.op.divide(relax.op.astype(x, "float32"), scale))))
+        if zero is not None:
+            q = bb.emit(relax.op.add(q, zero))
+        q = bb.emit(relax.op.clip(q, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)))
+        return relax.op.astype(q, dtype)
+
+    versions = sorted(int(name[len("_impl_v"):]) for name in dir(stock) if name.startswith("_impl_v"))
+    return converter(op, {v: lambda bb, i, a, p, v=v: convert(bb, i, a, p, v) for v in versions})
+
+
 _ELEMENTWISE = {"relax.add": lambda a, b: a + b, "relax.subtract": lambda a, b: a - b,
                 "relax.multiply": lambda a, b: a * b, "relax.less": lambda a, b: a < b}
 
@@ -236,4 +289,6 @@ CONVERTERS: dict[str, type] = {
     "Cast": converter("Cast", {1: _cast}),
     "ConstantOfShape": converter("ConstantOfShape", {9: _constant_of_shape}),
     **{op: _pairwise(op) for op in ("Sum", "Mean", "Max", "Min")},
+    "DequantizeLinear": _blocked_quantization("DequantizeLinear", quantize=False),
+    "QuantizeLinear": _blocked_quantization("QuantizeLinear", quantize=True),
 }

@@ -10,7 +10,8 @@ case it was on is recorded as `crash` and the next child resumes after it.
 A case gives its operator's parameters (Resize's scales, Reshape's shape, Pad's pads, a
 reduction's axes) as graph inputs; a model with fixed input shapes has them as constants once
 onnxslim has folded it, which is what TVM's frontend expects. So integer inputs other than a
-node's first, and the float parameters of Resize/Upsample, become initializers here.
+node's first (and a window's or Range's sizes, first or not), and the float parameters of
+Resize/Upsample, become initializers here.
 
 What it tells: which operators import and give the reference's numbers (`pass`), which are
 refused up front (`unsupported`: a clear error, as it should be), and which import but compute
@@ -73,6 +74,9 @@ HALF_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 # float inputs past the first that are an operator's parameters, not data
 FLOAT_PARAMETERS = {"Resize", "Upsample"}
+# operators whose first input is a size too (a window's length, Range's start): their output
+# shape is what it holds, so a model computing them has it as a constant
+SIZE_OPERATORS = {"HannWindow", "HammingWindow", "BlackmanWindow", "Range", "ConstantOfShape", "MelWeightMatrix"}
 
 
 def as_constants(model: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
@@ -87,7 +91,8 @@ def as_constants(model: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
     params = set()
     for node in graph.node:
         for k, name in enumerate(node.input):
-            if k and name in values and (values[name].dtype.kind in "iu" or node.op_type in FLOAT_PARAMETERS):
+            if name in values and (node.op_type in SIZE_OPERATORS or (k and (
+                    values[name].dtype.kind in "iu" or node.op_type in FLOAT_PARAMETERS))):
                 params.add(name)
     if not params:
         return model, inputs
@@ -99,10 +104,37 @@ def as_constants(model: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
     return model, [values[n] for n in declared if n not in params]
 
 
+def through_inputs(model: Any, expected: list[Any]) -> tuple[Any, list[Any]]:
+    """A model with no inputs left (a window of a constant length: its outputs are constants,
+    nothing to compile) with each numeric output passed through an Add of a zero input of its
+    type and shape, as a model would use it, so that its values are still computed and checked.
+    Returns (model, the zero inputs); the model itself where an output is not numeric."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    if any(e.dtype.kind not in "iuf" and "float" not in str(e.dtype) for e in expected):
+        return model, []
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    names = [o.name for o in graph.output]
+    inputs, outputs = [], []
+    for name, e in zip(names, expected):
+        dtype = helper.np_dtype_to_tensor_dtype(e.dtype)
+        graph.node.append(helper.make_node("Add", [name, f"{name}__zero"], [f"{name}__out"]))
+        inputs.append(helper.make_tensor_value_info(f"{name}__zero", dtype, list(e.shape)))
+        outputs.append(helper.make_tensor_value_info(f"{name}__out", dtype, list(e.shape)))
+    graph.input.extend(inputs)
+    del graph.output[:]
+    graph.output.extend(outputs)
+    return model, [np.zeros(e.shape, e.dtype) for e in expected]
+
+
 def run_case(case: Any, workdir: Path) -> dict[str, Any]:
     """Import, build with TVM's plan, run and compare one case."""
     import numpy as np
     import onnx
+    from onnx import numpy_helper
 
     from autofuse import apply
     from autofuse import build
@@ -110,9 +142,15 @@ def run_case(case: Any, workdir: Path) -> dict[str, Any]:
     from autofuse.workload import prepare
 
     inputs, expected = case.data_sets[0]
-    if any(not isinstance(a, np.ndarray) for a in (*inputs, *expected)):
+    # numpy scalars and TensorProtos (4-bit and float8 values) are values too
+    inputs, expected = ([numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else a for a in vals]
+                        for vals in (inputs, expected))
+    if any(not isinstance(a, (np.ndarray, np.generic)) for a in (*inputs, *expected)):
         return {"status": "skipped", "error": "sequence or optional values"}
+    inputs, expected = [np.asarray(a) for a in inputs], [np.asarray(a) for a in expected]
     model, inputs = as_constants(case.model, list(inputs))
+    if not inputs:
+        model, inputs = through_inputs(model, expected)
     graph = model.graph
     declared = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
     specs = [InputSpec(n, tuple(a.shape), str(a.dtype)) for n, a in zip(declared, inputs)]

@@ -87,3 +87,78 @@ def test_cast_from_float_to_integers_wraps_in_few_ops(tmp_path, to):
     want = np.where(np.isfinite(x), x, 0).astype(np.int64).astype(dtype)  # numpy's wrap-around
     np.testing.assert_array_equal(got[0], want)
     assert "floor_mod" not in w.mod.script() and "bitwise_and" not in w.mod.script()
+
+
+def reference(m: onnx.ModelProto, feeds: list) -> list:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [i.name for i in m.graph.input]
+    return ReferenceEvaluator(m).run(None, dict(zip(names, feeds)))
+
+
+@pytest.mark.parametrize("dtype,block,axis", [
+    (TensorProto.INT8, 4, 0),  # 10 rows: two blocks of 4 and a partial one of 2
+    (TensorProto.UINT8, 3, 1),
+    (TensorProto.INT4, 4, 0),  # a 4-bit weight: dequantized at import
+    (TensorProto.UINT4, 2, 1),
+])
+def test_blocked_dequantize_linear_of_a_weight(tmp_path, dtype, block, axis):
+    """A blocked-quantized weight (opset 21's block_size: one scale and zero point per block of
+    the axis, as 4-bit weight quantizers write them) dequantized and multiplied by the input."""
+    from onnx_import import import_and_run
+
+    rng = np.random.default_rng(0)
+    low, high = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255),
+                 TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15)}[dtype]
+    shape = (10, 6)
+    blocks = [-(-n // block) if i == axis else n for i, n in enumerate(shape)]
+    q = rng.integers(low, high + 1, shape)
+    zero = rng.integers(low, high + 1, blocks)
+    scale = rng.uniform(0.01, 0.1, blocks).astype("float32")
+    consts = [helper.make_tensor("q", dtype, shape, q.reshape(-1).tolist()),
+              helper.make_tensor("zero", dtype, blocks, zero.reshape(-1).tolist()),
+              numpy_helper.from_array(scale, "scale")]
+    nodes = [helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["w"], axis=axis, block_size=block),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3, 10])],
+                              [helper.make_tensor_value_info("y", F, None)], consts)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    w, feeds, got = import_and_run(m, tmp_path)
+    np.testing.assert_allclose(got[0], reference(m, feeds)[0], rtol=1e-5, atol=1e-5)
+    folded = any("evaluated at import" in n for n in w.loaded.notes)
+    assert folded == (dtype in (TensorProto.INT4, TensorProto.UINT4))
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT8, TensorProto.UINT8, TensorProto.UINT16])
+def test_blocked_quantize_linear_rounds_half_to_even_and_saturates(tmp_path, dtype):
+    """QuantizeLinear with block_size on a tensor known at run time, then dequantized again:
+    halves round to even, values past the type's range saturate."""
+    from onnx_import import import_and_run
+
+    rng = np.random.default_rng(1)
+    scale = np.array([[0.5, 0.25, 1.0], [2.0, 0.5, 0.125]], "float32")  # 2 x (6 / block 2)
+    zero = rng.integers(0, 4, (2, 3))
+    consts = [numpy_helper.from_array(scale, "scale"), helper.make_tensor("zero", dtype, [2, 3], zero.reshape(-1).tolist())]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], axis=1, block_size=2),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1, block_size=2)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 6])],
+                              [helper.make_tensor_value_info("y", F, None)], consts)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = np.array([[0.25, 0.75, -0.125, 0.375, 2.5, -3.5], [300.0, -300.0, 1.25, 0.75, 0.1875, 0.0625]], "float32")
+    _, feeds, got = import_and_run(m, tmp_path, feeds=[x])
+    np.testing.assert_array_equal(got[0], reference(m, feeds)[0])
+
+
+def test_a_four_bit_tensor_computed_at_run_time_is_refused_by_name(tmp_path):
+    from autofuse.importer import ModelError
+    from autofuse.workload import prepare
+
+    consts = [numpy_helper.from_array(np.array(0.5, "float32"), "scale"),
+              helper.make_tensor("zero", TensorProto.INT4, [], [1])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 6])],
+                              [helper.make_tensor_value_info("y", F, None)], consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match=r"4-bit \(int4/uint4\) tensor\(s\) zero read at run time"):
+        prepare(tmp_path / "m.onnx", [], simplify=False)
