@@ -344,15 +344,20 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     model, folded = onnx_constants.fold(model, lambda node: not _converts(node) or four_bits(node))
     if folded:
         notes.append(f"{folded} node(s) TVM has no converter or type for evaluated at import (constant inputs)")
-    narrow = [name for name, t in onnx_constants.constant_tensors(model.graph).items()
-              if t.data_type in onnx_constants.FOUR_BIT]
+    narrow = onnx_constants.narrow_values(model.graph)
     if narrow:
-        raise ModelError(f"{path}: 4-bit (int4/uint4) tensor(s) {', '.join(narrow[:3])} read at run time: only 4-bit "
-                         "constants dequantized by constants (a weight's DequantizeLinear) are supported")
+        raise ModelError(f"{path}: unsupported element type(s): {'; '.join(narrow[:3])} (float8, float4 and 2- or "
+                         "4-bit values at run time; 4-bit constants a DequantizeLinear reads are dequantized at import)")
     missing = unsupported_ops(model)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelError(f"unsupported ONNX operator(s): {'; '.join(missing[:5])}{more}")
+    model, unread = _without_unread_inputs(model)
+    unread += [s.name for s in specs if s.name not in {i.name for i in model.graph.input} | set(unread)]
+    if unread:
+        specs = tuple(s for s in specs if s.name not in unread)
+        notes.append(f"input(s) {', '.join(unread)} read by no node (or only for a shape now fixed): left out, "
+                     "the compiled model takes the others")
     imported, _ = onnx_contrib.tag(model)
     imported, halves = onnx_float16.upcast(imported) if upcast_half else (imported, set())
     if halves:
@@ -372,6 +377,23 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         raise ModelError(f"{path}: TVM's ONNX frontend failed: {error_line(err)}") from None
     upcast_from = min(halves) if halves else None
     return LoadedModel(mod, specs, str(path), model, notes, upcast_from)
+
+
+def _without_unread_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """`model` without the graph inputs no node reads, and their names. TVM's frontend leaves
+    them out of `main`'s parameters, so the inputs, fed in order, would no longer line up with
+    them (a token_type_ids a model ignores; CastLike's target, read for its type; an input read
+    only through Shape, folded once its shape is fixed; onnxslim drops such inputs itself)."""
+    read = onnx_constants.names_read(model.graph) | {o.name for o in model.graph.output}
+    unread = [i.name for i in model.graph.input if i.name not in read]
+    if not unread:
+        return model, []
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [i for i in out.graph.input if i.name in read]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    return out, unread
 
 
 @contextmanager
@@ -460,4 +482,5 @@ def run_onnxruntime(
     sess = ort.InferenceSession(
         model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
-    return list(sess.run(None, {s.name: x for s, x in zip(specs, feeds)}))
+    declared = {i.name for i in sess.get_inputs()}  # an input nothing reads may be gone (onnxslim)
+    return list(sess.run(None, {s.name: x for s, x in zip(specs, feeds) if s.name in declared}))

@@ -26,6 +26,28 @@ def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
 
 
 FOUR_BIT = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+# element types TVM has no type for, or casts to and from otherwise than ONNX (float8's FNUZ
+# variants, saturation and NaN): ONNX's Cast conformance cases read silently different numbers
+NARROW = frozenset(getattr(onnx.TensorProto, name) for name in (
+    "INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+    "FLOAT8E5M2FNUZ", "FLOAT8E8M0") if hasattr(onnx.TensorProto, name))
+
+
+def narrow_values(graph: onnx.GraphProto) -> list[str]:
+    """The graph's inputs, constants and casts of a NARROW element type, as 'name (type)'. Run
+    after `fold`, which dequantizes the 4-bit constants a DequantizeLinear reads at import."""
+    def kind(code: int) -> str:
+        return onnx.TensorProto.DataType.Name(code).lower()
+
+    out = [f"input {v.name} ({kind(v.type.tensor_type.elem_type)})" for v in graph.input
+           if v.type.tensor_type.elem_type in NARROW]
+    out += [f"constant {name} ({kind(t.data_type)})" for name, t in constant_tensors(graph).items()
+            if t.data_type in NARROW]
+    for node in graph.node:
+        to = next((a.i for a in node.attribute if a.name in ("to", "output_dtype")), None)
+        if to in NARROW:
+            out.append(f"{node.name or node.op_type} ({node.op_type} to {kind(to)})")
+    return out
 
 
 def reads_four_bits(graph: onnx.GraphProto) -> Callable[[onnx.NodeProto], bool]:
@@ -77,21 +99,21 @@ def fold(model: onnx.ModelProto, unsupported: Callable[[onnx.NodeProto], bool]) 
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     # the constants only folded nodes read go too (a 4-bit weight the frontend cannot hold)
-    read = _names_read(out.graph) | {o.name for o in out.graph.output}
+    read = names_read(out.graph) | {o.name for o in out.graph.output}
     kept = [t for t in out.graph.initializer if t.name in read]
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
     return out, folded
 
 
-def _names_read(graph: onnx.GraphProto) -> set[str]:
+def names_read(graph: onnx.GraphProto) -> set[str]:
     """Every name a node of `graph` or of its subgraphs (which may read the outer scope) reads."""
     names: set[str] = set()
     for node in graph.node:
         names.update(node.input)
         for a in node.attribute:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                names |= _names_read(sub)
+                names |= names_read(sub)
     return names
 
 

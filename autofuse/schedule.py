@@ -1282,6 +1282,15 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # output pixel of each convolution: a 32x128x24 one 2.10 -> 0.26 ms, timed alone)
     kept = pads + [i for i in infos if i not in pads and i not in vector_pads and not _is_copy(sch, i.block_rv)
                    and (_feeds_product(sch, i.block_rv) or _read_broadcast(sch, i.block_rv))]
+    # a reduction over axes of one element (a 1x1 convolution of one channel, a matmul with
+    # K = 1) comes out of normalize_prim_func as a spatial block that still has its init; TIR's
+    # reverse_compute_inline then puts the epilogue into both the init and the update, which
+    # reads the epilogue's output back as its accumulator (ONNX's test_qlinearconv: every
+    # output 255). Such a block's consumers stay stages of their own.
+    unit = {sch.get(i.block_rv).name_hint for i in infos
+            if sch.get(i.block_rv).init is not None and "R" not in i.dom_kind()}
+    kept += [i for i in infos if i not in kept and any(sch.get(p).name_hint in unit
+                                                       for p in sch.get_producers(i.block_rv))]
     infos = kept + try_inline(sch, [i for i in infos if i not in kept])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:

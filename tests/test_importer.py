@@ -258,3 +258,31 @@ def test_no_group_reaches_around_a_call_that_is_not_a_kernel():
         validate(w.graph, FusionPlan.from_groups([[b, d]] + [[n] for n in range(len(ops)) if n not in (b, d)]))
     everything = SearchSpace(w.graph).plan_of_kinds({"vertical", "horizontal", "reduction"})
     assert all(not ({b, d} <= set(g)) for g in everything.groups)
+
+
+@pytest.mark.parametrize("simplify", [True, False])
+def test_inputs_no_node_reads_are_left_out(tmp_path, simplify):
+    """An input the model ignores (a token_type_ids), or reads only for its shape, is not a
+    parameter of the imported `main`: left out of the workload's inputs, so that the inputs fed
+    in order line up with main's (it was fed anyway: "expects 2 arguments, but 3 were provided")."""
+    from autofuse import apply
+    from autofuse import build
+    from autofuse.importer import random_inputs
+    from autofuse.importer import run_onnxruntime
+
+    nodes = [helper.make_node("Shape", ["shaped"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 6])
+                                           for n in ("x", "ignored", "shaped")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    w = prepare(tmp_path / "m.onnx", [], simplify=simplify)
+    left_out = ["ignored", "shaped"] if simplify else ["ignored"]  # Shape is folded by onnxslim only
+    assert [s.name for s in w.inputs] == [n for n in ("x", "ignored", "shaped") if n not in left_out]
+    assert any(f"input(s) {', '.join(left_out)} read by no node" in n for n in w.loaded.notes)
+    target = build.make_target("llvm")
+    ex = build.build(apply.apply_plan(w.mod, w.graph, w.tvm_default()), target)
+    feeds = random_inputs(w.inputs)
+    got = build.run(ex, build.device_for(target), feeds)
+    np.testing.assert_allclose(got[0], run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0])

@@ -1375,3 +1375,45 @@ def test_a_whole_tensor_argmax_stays_a_correct_serial_loop():
     assert func is not None and "T.parallel" not in func.script()
     a = np.random.default_rng(2).standard_normal((16, 64, 192)).astype("float32")
     assert _run(func, a, out_shape=(), out_dtype=str(y.dtype)) == a.argmax()
+
+
+
+def _one_element_reductions():
+    from onnx import helper
+
+    node = helper.make_node
+    # ONNX's test_qlinearconv written as QDQ: a 1x1 convolution of one channel, then requantized
+    qdq = ([node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]), node("Conv", ["xf", "w"], ["c"]),
+            node("QuantizeLinear", ["c", "sy", "zy"], ["y"])],
+           {"x": ("uint8", (1, 1, 7, 7))},
+           {"w": np.array([[[[0.25]]]], "float32"), "sx": np.array(0.5, "float32"), "zx": np.array(12, "uint8"),
+            "sy": np.array(0.125, "float32"), "zy": np.array(3, "uint8")})
+    # an outer product written as a matmul with K = 1, then an epilogue
+    outer = ([node("MatMul", ["a", "b"], ["c"]), node("Relu", ["c"], ["r"]), node("Add", ["r", "a2"], ["y"])],
+             {"a": ("float32", (16, 1)), "b": ("float32", (1, 24)), "a2": ("float32", (16, 24))}, {})
+    return [qdq, outer]
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_reductions_over_one_element_keep_their_epilogues_apart(tmp_path, case):
+    """A reduction over axes of one element loses them in normalize_prim_func but keeps its
+    init; TIR inlined the epilogue into init and update alike (every output of the requantized
+    convolution 255). Built with TVM's plan (the epilogue fused) and checked against onnxruntime."""
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
+    from onnx_import import import_and_run
+
+    from autofuse.importer import run_onnxruntime
+
+    nodes, inputs, consts = _one_element_reductions()[case]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(d)), list(s)) for n, (d, s) in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8 if consts else TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    w, feeds, got = import_and_run(model, tmp_path, plan="tvm_default")
+    assert any(len(g) > 1 for g in w.tvm_default().groups)  # the epilogue is fused
+    want = run_onnxruntime(model, w.inputs, feeds)
+    np.testing.assert_allclose(got[0].astype("float64"), want[0].astype("float64"), rtol=1e-5, atol=1e-5)
