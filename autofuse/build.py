@@ -146,6 +146,7 @@ class DLightWithFallback:
         from tvm.s_tir import dlight as dl
 
         from autofuse.schedule import SCHEDULED_ATTR
+        from autofuse.schedule import split_unit_reductions
 
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
         target = tvm.target.Target.current()
@@ -157,6 +158,7 @@ class DLightWithFallback:
             for gv, func in mod.functions.items():
                 if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
                     continue
+                func = split_unit_reductions(func)  # DLight inlines epilogues as the CPU rules did
                 for rule in rules:
                     try:
                         one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))

@@ -375,8 +375,19 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
             )
     except Exception as err:
         raise ModelError(f"{path}: TVM's ONNX frontend failed: {error_line(err)}") from None
+    if not specs or _returns_a_shape(mod["main"].ret_ty):
+        raise ModelError(f"{path}: no output is computed from the inputs' values once their shapes are fixed "
+                         "(a constant or a shape): nothing to compile")
     upcast_from = min(halves) if halves else None
     return LoadedModel(mod, specs, str(path), model, notes, upcast_from)
+
+
+def _returns_a_shape(ty: object) -> bool:
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return any(_returns_a_shape(f) for f in ty.fields)
+    return isinstance(ty, relax.ShapeType)
 
 
 def _without_unread_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

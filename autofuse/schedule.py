@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import s_tir
 from tvm import tirx
 from tvm.sym import detect_linear_equation
@@ -1253,11 +1254,89 @@ def _parallel_outer(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     return sch.mod["main"].with_attr(SCHEDULED_ATTR, True) if changed else None
 
 
+def split_unit_reductions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with each reduction over axes of one element (a 1x1 convolution of one input
+    channel, a matmul with K = 1: an outer product) written as the spatial block it amounts to
+    (its update with the accumulator read as the init value), or, where the update has another
+    form, split into its init and update blocks. Whole, DLight's normalize_prim_func drops such
+    axes and leaves a spatial block that keeps its init, into which TIR's
+    reverse_compute_inline puts a fused epilogue twice, in the init and in the update, which
+    then reads the epilogue's output back as its accumulator (ONNX's test_qlinearconv: every
+    output 255 with TVM's plan; an outer product + Relu + Add wrong, on the CPU and under DLight
+    alike). Every scheduler runs on the result."""
+    def unit(block: s_tir.SBlock) -> bool:
+        reduce = [iv for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
+        return block.init is not None and bool(reduce) and all(_is_one(iv.dom.extent) for iv in reduce)
+
+    func = _map_blocks(func, lambda b: (_as_spatial(b) or b) if unit(b) else b)
+    sch = new_schedule(func)
+    changed = False
+    for block in sch.get_child_blocks(sch.get_sblock("root")):  # the forms _as_spatial leaves
+        loops = sch.get_loops(block)
+        n = sum(int(iv.iter_type) == _REDUCE for iv in sch.get(block).iter_vars)
+        if not unit(sch.get(block)) or len(loops) < n or any(_extent(sch, lp) != 1 for lp in loops[len(loops) - n:]):
+            continue
+        try:
+            sch.decompose_reduction(block, loops[len(loops) - n])
+            changed = True
+        except _REFUSED:
+            continue
+    return sch.mod["main"] if changed else func
+
+
+def _as_spatial(block: s_tir.SBlock) -> s_tir.SBlock | None:
+    """A reduction block over one element as a spatial block: `acc = init; acc = acc op x`
+    becomes `acc = init op x`. None where the update is not one such binary op on one buffer
+    (an argmax's pair of buffers)."""
+    init, body = block.init, block.body
+    if not (isinstance(init, tirx.BufferStore) and isinstance(body, tirx.BufferStore)
+            and init.buffer.same_as(body.buffer)):
+        return None
+
+    def is_acc(e: object) -> bool:
+        return isinstance(e, tvm.ir.TensorLoad) and e.source.same_as(body.buffer) and len(e.indices) == len(
+            body.indices) and all(tvm_ffi.structural_equal(a, b) for a, b in zip(e.indices, body.indices))
+
+    value = body.value
+    if not (hasattr(value, "a") and hasattr(value, "b")) or is_acc(value.a) == is_acc(value.b):
+        return None
+    value = type(value)(init.value, value.b) if is_acc(value.a) else type(value)(value.a, init.value)
+    iters = [tirx.IterVar(iv.dom, iv.var, 0) if int(iv.iter_type) == _REDUCE else iv for iv in block.iter_vars]
+    reads = [r for r in block.reads if not r.source.same_as(body.buffer)]
+    return s_tir.SBlock(iters, reads, block.writes, block.name_hint, tirx.BufferStore(body.buffer, value, body.indices),
+                        None, block.alloc_buffers, block.match_buffers, block.annotations)
+
+
+def _map_blocks(func: tirx.PrimFunc, fn: Callable[[s_tir.SBlock], s_tir.SBlock]) -> tirx.PrimFunc:
+    """`func` with every block but the root replaced by `fn` of it (loop nests and sequences
+    rebuilt only where something changed)."""
+    def visit(stmt: tirx.Stmt) -> tirx.Stmt:
+        if isinstance(stmt, tirx.For):
+            body = visit(stmt.body)
+            return stmt if body.same_as(stmt.body) else tirx.For(
+                stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step)
+        if isinstance(stmt, tirx.SeqStmt):
+            seq = [visit(x) for x in stmt.seq]
+            return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+        if isinstance(stmt, s_tir.SBlockRealize):
+            block = stmt.block
+            inner = visit(block.body)
+            if not inner.same_as(block.body):
+                block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, inner, block.init,
+                                     block.alloc_buffers, block.match_buffers, block.annotations)
+            block = fn(block) if stmt.iter_values else block  # the root block realises no iterators
+            return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
+        return stmt
+
+    body = visit(func.body)
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
 def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.PrimFunc | None:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline
 
-    sch = new_schedule(func)
+    sch = new_schedule(split_unit_reductions(func))
     infos = normalize_prim_func(sch)
     if infos is None:
         return None
@@ -1282,15 +1361,6 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # output pixel of each convolution: a 32x128x24 one 2.10 -> 0.26 ms, timed alone)
     kept = pads + [i for i in infos if i not in pads and i not in vector_pads and not _is_copy(sch, i.block_rv)
                    and (_feeds_product(sch, i.block_rv) or _read_broadcast(sch, i.block_rv))]
-    # a reduction over axes of one element (a 1x1 convolution of one channel, a matmul with
-    # K = 1) comes out of normalize_prim_func as a spatial block that still has its init; TIR's
-    # reverse_compute_inline then puts the epilogue into both the init and the update, which
-    # reads the epilogue's output back as its accumulator (ONNX's test_qlinearconv: every
-    # output 255). Such a block's consumers stay stages of their own.
-    unit = {sch.get(i.block_rv).name_hint for i in infos
-            if sch.get(i.block_rv).init is not None and "R" not in i.dom_kind()}
-    kept += [i for i in infos if i not in kept and any(sch.get(p).name_hint in unit
-                                                       for p in sch.get_producers(i.block_rv))]
     infos = kept + try_inline(sch, [i for i in infos if i not in kept])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:

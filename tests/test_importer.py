@@ -286,3 +286,12 @@ def test_inputs_no_node_reads_are_left_out(tmp_path, simplify):
     feeds = random_inputs(w.inputs)
     got = build.run(ex, build.device_for(target), feeds)
     np.testing.assert_allclose(got[0], run_onnxruntime(w.loaded.onnx_model, w.inputs, feeds)[0])
+
+
+def test_a_model_whose_output_is_its_input_shape_is_refused_by_name(tmp_path):
+    graph = helper.make_graph([helper.make_node("Shape", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match="no output is computed from the inputs' values"):
+        prepare(tmp_path / "m.onnx")

@@ -1417,3 +1417,9 @@ def test_reductions_over_one_element_keep_their_epilogues_apart(tmp_path, case):
     assert any(len(g) > 1 for g in w.tvm_default().groups)  # the epilogue is fused
     want = run_onnxruntime(model, w.inputs, feeds)
     np.testing.assert_allclose(got[0].astype("float64"), want[0].astype("float64"), rtol=1e-5, atol=1e-5)
+    # DLight (CUDA, built here without a GPU) inlined the epilogue the same way: the fused
+    # kernel is now one spatial block, the accumulator's read replaced by its init value
+    fused = apply.apply_plan(w.mod, w.graph, w.tvm_default())
+    scheduled = build.schedule(fused, build.make_target("cuda:sm_90"), "dlight")
+    kernels = [f.script() for _, f in scheduled.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert kernels and not any("T.init()" in k for k in kernels)
