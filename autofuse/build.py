@@ -110,8 +110,11 @@ def schedule(
     - dlight: DLight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), as TVM's
       own CUDA pipeline.
     """
+    from autofuse.schedule import split_unit_reductions_in
+
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose from {SCHEDULERS}")
+    fused = split_unit_reductions_in(fused)  # TIR's inlining miscompiles them under every scheduler
     with target, tvm.transform.PassContext(opt_level=3):  # some passes read the target on creation
         passes = _schedule_passes(target, scheduler, database)
         return tvm.transform.Sequential(passes)(fused) if passes else fused
@@ -146,7 +149,6 @@ class DLightWithFallback:
         from tvm.s_tir import dlight as dl
 
         from autofuse.schedule import SCHEDULED_ATTR
-        from autofuse.schedule import split_unit_reductions
 
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
         target = tvm.target.Target.current()
@@ -158,7 +160,6 @@ class DLightWithFallback:
             for gv, func in mod.functions.items():
                 if not isinstance(func, tirx.PrimFunc) or func.attrs and SCHEDULED_ATTR in func.attrs:
                     continue
-                func = split_unit_reductions(func)  # DLight inlines epilogues as the CPU rules did
                 for rule in rules:
                     try:
                         one = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({gv: func}))
@@ -458,7 +459,9 @@ def tune_kernels(
     kernels shared by several plans or models are tuned once."""
     from tvm.s_tir import meta_schedule as ms
 
-    tasks = ms.relax_integration.extract_tasks(fused, target)
+    from autofuse.schedule import split_unit_reductions_in
+
+    tasks = ms.relax_integration.extract_tasks(split_unit_reductions_in(fused), target)  # as `schedule` sees them
     os.makedirs(work_dir, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=work_dir)
     new = [t for t in tasks if db.query_tuning_record(t.dispatched[0], target, t.task_name) is None]

@@ -1284,6 +1284,19 @@ def split_unit_reductions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return sch.mod["main"] if changed else func
 
 
+def split_unit_reductions_in(mod: tvm.IRModule) -> tvm.IRModule:
+    """split_unit_reductions on every kernel of `mod` (before any scheduler, MetaSchedule's
+    tuning and its database lookups included, so that both see the same kernels)."""
+    out = mod
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            split = split_unit_reductions(func)
+            if not split.same_as(func):
+                out = out.clone() if out is mod else out
+                out[gv] = split
+    return out
+
+
 def _as_spatial(block: s_tir.SBlock) -> s_tir.SBlock | None:
     """A reduction block over one element as a spatial block: `acc = init; acc = acc op x`
     becomes `acc = init op x`. None where the update is not one such binary op on one buffer
