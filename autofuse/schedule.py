@@ -1268,7 +1268,17 @@ def split_unit_reductions(func: tirx.PrimFunc) -> tirx.PrimFunc:
         reduce = [iv for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
         return block.init is not None and bool(reduce) and all(_is_one(iv.dom.extent) for iv in reduce)
 
-    func = _map_blocks(func, lambda b: (_as_spatial(b) or b) if unit(b) else b)
+    left: list[str] = []  # the unit reductions _as_spatial cannot rewrite
+
+    def rewrite(block: s_tir.SBlock) -> s_tir.SBlock:
+        spatial = _as_spatial(block) if unit(block) else block
+        if spatial is None:
+            left.append(block.name_hint)
+        return spatial or block
+
+    func = _map_blocks(func, rewrite)
+    if not left:  # kernels without blocks to schedule (a scan written as TIR loops) end here too
+        return func
     sch = new_schedule(func)
     changed = False
     for block in sch.get_child_blocks(sch.get_sblock("root")):  # the forms _as_spatial leaves
