@@ -352,8 +352,8 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelError(f"unsupported ONNX operator(s): {'; '.join(missing[:5])}{more}")
-    model, unread = _without_unread_inputs(model)
-    unread += [s.name for s in specs if s.name not in {i.name for i in model.graph.input} | set(unread)]
+    model = _without_unread_inputs(model)
+    unread = [s.name for s in specs if s.name not in {i.name for i in model.graph.input}]  # or dropped by onnxslim
     if unread:
         specs = tuple(s for s in specs if s.name not in unread)
         notes.append(f"input(s) {', '.join(unread)} read by no node (or only for a shape now fixed): left out, "
@@ -390,21 +390,20 @@ def _returns_a_shape(ty: object) -> bool:
     return isinstance(ty, relax.ShapeType)
 
 
-def _without_unread_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """`model` without the graph inputs no node reads, and their names. TVM's frontend leaves
+def _without_unread_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without the graph inputs no node reads. TVM's frontend leaves
     them out of `main`'s parameters, so the inputs, fed in order, would no longer line up with
     them (a token_type_ids a model ignores; CastLike's target, read for its type; an input read
     only through Shape, folded once its shape is fixed; onnxslim drops such inputs itself)."""
     read = onnx_constants.names_read(model.graph) | {o.name for o in model.graph.output}
-    unread = [i.name for i in model.graph.input if i.name not in read]
-    if not unread:
-        return model, []
+    if all(i.name in read for i in model.graph.input):
+        return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     kept = [i for i in out.graph.input if i.name in read]
     del out.graph.input[:]
     out.graph.input.extend(kept)
-    return out, unread
+    return out
 
 
 @contextmanager

@@ -151,7 +151,6 @@ def rotary_embedding(bb: relax.BlockBuilder, inputs: list, attr: dict, params: l
     return bb.emit(relax.op.reshape(rotated, shape))
 
 
-
 def _center_crop_pad(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """Each of `axes` cropped or zero-padded to its target length around the centre (an odd
     difference leaves the extra element at the end): a strided slice, then a pad."""
@@ -204,6 +203,7 @@ def _col2im(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
     transpose = relax.op.nn.conv2d_transpose if dims == 2 else relax.op.nn.conv1d_transpose
     return bb.emit(transpose(grid_x, weight, strides=strides, padding=pads, output_padding=extra,
                              dilation=dilations, groups=channels))
+
 
 CONVERTERS: dict[str, type] = {
     "Celu": converter("Celu", {1: _celu}),

@@ -180,13 +180,12 @@ def _blocked_quantization(op: str, quantize: bool) -> type:
         scale = bb.emit(relax.op.astype(_per_element(bb, scale, shape, axis, block), "float32"))
         if zero is not None:
             zero = bb.emit(relax.op.astype(_per_element(bb, zero, shape, axis, block), "float32"))
+        out = attr.get("output_dtype") or 0
         if not quantize:
             shifted = relax.op.astype(x, "float32") if zero is None else relax.op.subtract(
                 relax.op.astype(x, "float32"), zero)
-            out = attr.get("output_dtype") or 0
             dtype = element_dtype(out) if out else str(inputs[1].ty.dtype)
             return relax.op.astype(bb.emit(relax.op.multiply(bb.emit(shifted), scale)), dtype)
-        out = attr.get("output_dtype") or 0
         dtype = str(inputs[2].ty.dtype) if zero is not None else element_dtype(out) if out else "uint8"
         if dtype not in ("uint8", "int8", "uint16", "int16"):
             raise ValueError(f"{op} with block_size to {dtype} is not supported")

@@ -119,10 +119,10 @@ def _unrolled_scan(
     m = attrs["num_scan_inputs"].i
     n_state = len(scan.input) - m
     k_out = len(body.output) - n_state
-    in_axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * m
-    in_reverse = list(attrs["scan_input_directions"].ints) if "scan_input_directions" in attrs else [0] * m
-    out_axes = list(attrs["scan_output_axes"].ints) if "scan_output_axes" in attrs else [0] * k_out
-    out_reverse = list(attrs["scan_output_directions"].ints) if "scan_output_directions" in attrs else [0] * k_out
+    in_axes = _ints(attrs, "scan_input_axes", m)
+    in_reverse = _ints(attrs, "scan_input_directions", m)
+    out_axes = _ints(attrs, "scan_output_axes", k_out)
+    out_reverse = _ints(attrs, "scan_output_directions", k_out)
     seqs = list(scan.input[n_state:])
     steps = {lengths.get(f"{x}:{axis}") for x, axis in zip(seqs, in_axes)}
     if len(steps) != 1 or None in steps:
@@ -174,12 +174,17 @@ def _scan_lengths(model: onnx.ModelProto) -> dict[str, int]:
             continue
         attrs = {a.name: a for a in node.attribute}
         m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
-        axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * m
+        axes = _ints(attrs, "scan_input_axes", m)
         for x, axis in zip(node.input[len(node.input) - m:], axes):
             shape = shapes.get(x)
             if shape and -len(shape) <= axis < len(shape) and shape[axis]:
                 lengths[f"{x}:{axis}"] = shape[axis]
     return lengths
+
+
+def _ints(attrs: dict[str, onnx.AttributeProto], name: str, n: int) -> list[int]:
+    """A Scan's per-input or per-output integer attribute (axes, directions); zeros by default."""
+    return list(attrs[name].ints) if name in attrs else [0] * n
 
 
 def _scalar(name: str, value: np.ndarray) -> onnx.NodeProto:

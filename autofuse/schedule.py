@@ -1212,7 +1212,9 @@ def schedule_candidates(
     """The rule-based schedules that apply to `func`, best first: a row kernel, register tiles,
     the plain schedule, parallel outer loops. A schedule TIR accepts can still fail to lower
     (ShuffleNet's conv + concat + channel shuffle, register-tiled: "buffer used before its
-    definition"); build.compile_repairing then takes the next one for that kernel."""
+    definition"); build.compile_repairing then takes the next one for that kernel. A kernel
+    reaches here unsplit from compile_repairing and the scripts (build.schedule splits first)."""
+    func = split_unit_reductions(func)
     lanes = lanes or vector_lanes(func)
     makers = (lambda: _schedule_rows(func, lanes, acc), lambda: _schedule(func, lanes, True, acc),
               lambda: _schedule(func, lanes, False, acc), lambda: _parallel_outer(func))
@@ -1268,12 +1270,11 @@ def split_unit_reductions(func: tirx.PrimFunc) -> tirx.PrimFunc:
         reduce = [iv for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
         return block.init is not None and bool(reduce) and all(_is_one(iv.dom.extent) for iv in reduce)
 
-    left: list[str] = []  # the unit reductions _as_spatial cannot rewrite
+    left = []  # the unit reductions _as_spatial cannot rewrite
 
     def rewrite(block: s_tir.SBlock) -> s_tir.SBlock:
         spatial = _as_spatial(block) if unit(block) else block
-        if spatial is None:
-            left.append(block.name_hint)
+        left.extend([block] if spatial is None else [])
         return spatial or block
 
     func = _map_blocks(func, rewrite)
@@ -1359,7 +1360,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline
 
-    sch = new_schedule(split_unit_reductions(func))
+    sch = new_schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None:
         return None
