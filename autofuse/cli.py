@@ -377,7 +377,8 @@ def bench(
         rows.append({"name": label, "status": r.status if r else "runtime_error",
                      "median_s": r.median_s if r and r.ok else None, "spread": res.noise.get(plan.key),
                      "kernels": pm.kernels, "fusion_ratio": pm.fusion_ratio, "error": r.error if r else None,
-                     "plan": plan.key, "vs_tvm_default": res.speedup(w.tvm_default().key, plan.key)})
+                     "plan": plan.key, "vs_tvm_default": res.speedup(w.tvm_default().key, plan.key),
+                     "per_round_s": res.per_round.get(plan.key)})  # a plan whose speed differs by process
     if ort is not None:
         rows.append({"name": "onnxruntime", **ort, "status": "ok" if ort["status"] == "ok" else "error"})
     result = {"model": w.name, "model_key": w.key, "target": target, "plan_source": chosen.note, "results": rows,

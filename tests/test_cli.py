@@ -87,6 +87,10 @@ def test_show_and_bench(tuned):
     assert set(rows) == {"unfused", "tvm_default", "autofuse", "onnxruntime"}
     assert 2 <= data["rounds"] <= 4 and data["slow_rounds"] <= data["rounds"] - 2
     assert all(r["median_s"] > 0 and r["spread"] is not None for r in rows.values())
+    # each plan's median in each round kept (each a fresh worker process)
+    kept = data["rounds"] - data["slow_rounds"]
+    assert all(len(rows[n]["per_round_s"]) == kept and min(rows[n]["per_round_s"]) > 0
+               for n in ("unfused", "tvm_default", "autofuse"))
     # onnxruntime's samples were taken in turns with the plans': its ratio is paired
     assert rows["onnxruntime"]["vs_tvm_default"] > 0
 
