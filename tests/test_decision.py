@@ -21,8 +21,26 @@ def test_one_slow_round_does_not_veto_a_clear_gain_but_two_do():
     key, reason = decide_over_default({"tvm": 100.0, "cand": 99.0}, {}, "tvm", 0.02, lost)
     assert key == "tvm" and "kept tvm_default" in reason
     # five rounds: the spread is taken without the extremes, one wild round does not decide
-    five = {"tvm": [100.0] * 5, "cand": [90.0, 91.0, 60.0, 89.0, 130.0]}
+    five = {"tvm": [100.0] * 5, "cand": [90.0, 91.0, 60.0, 89.0, 92.0]}
     assert decide_over_default({"tvm": 100.0, "cand": 90.0}, {}, "tvm", 0.02, five)[0] == "cand"
+    # ... unless it ran far slower there: 30% slower in one process of five costs more than
+    # 10% in the others gains
+    five["cand"][-1] = 130.0
+    assert decide_over_default({"tvm": 100.0, "cand": 90.0}, {}, "tvm", 0.02, five)[0] == "tvm"
+
+
+def test_a_plan_fast_in_most_processes_and_far_slower_in_one_is_not_taken():
+    # norm_chain's tuned plan (us, five fresh processes): 30-31 in four, 66.7 in one; TVM's
+    # plan 37-39 in all. Faster in four rounds of five by 17% (median), 0.5% slower on average.
+    per_round = {"tvm": [37.0, 37.4, 36.8, 38.7, 37.4], "cand": [30.9, 31.2, 30.4, 66.7, 30.1]}
+    medians = {"tvm": 37.4, "cand": 30.9}
+    key, reason = decide_over_default(medians, {}, "tvm", 0.02, per_round)
+    assert key == "tvm" and "mean -0.5%" in reason and "mean gain, less its standard error" in reason
+    # between two finalists, the one that is faster on average wins, not the lower median
+    per_round["steady"] = [33.3, 33.7, 33.1, 34.8, 33.7]
+    medians["steady"] = 33.7
+    key, reason = decide_over_default(medians, {}, "tvm", 0.02, per_round)
+    assert key == "steady" and reason.startswith("10.0% faster")
 
 
 def test_gain_below_min_gain_or_spread_keeps_tvm_default():
