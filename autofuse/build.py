@@ -230,17 +230,18 @@ def compile_repairing(
 ) -> tuple[tvm.runtime.Executable, tvm.IRModule]:
     """compile_scheduled, and if that fails on the CPU, give each kernel that does not lower
     alone the next rule-based schedule that does (schedule.schedule_candidates; the plain loop
-    nest last), then compile again. Returns the executable and the kernels it was built from.
-    Checking kernels one by one costs ~40 ms each, so it only runs once a build failed."""
+    nest last), then compile again. Returns the executable and its kernels as compiled
+    (compile_scheduled). Checking kernels one by one costs ~40 ms each, so it only runs once a
+    build failed."""
     try:
-        return compile_scheduled(scheduled, target, fused), scheduled
+        return compile_scheduled(scheduled, target, fused)
     except Exception:
         if target.kind.name != "llvm":
             raise
         repaired = _repair_kernels(fused, scheduled, target)
         if repaired is None:
             raise
-    return compile_scheduled(repaired, target, fused), repaired
+    return compile_scheduled(repaired, target, fused)
 
 
 def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
@@ -272,12 +273,16 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
 
 def compile_scheduled(
     scheduled: tvm.IRModule, target: tvm.target.Target, fused: tvm.IRModule | None = None
-) -> tvm.runtime.Executable:
+) -> tuple[tvm.runtime.Executable, tvm.IRModule]:
     """Lower and compile a scheduled module: constant weights re-laid for their kernels, kernel
     outputs written over inputs nothing reads afterwards where `fused` (the module before
-    scheduling) is given (inplace.py), then TVM's VM lowering."""
+    scheduling) is given (inplace.py), then TVM's VM lowering. Returns the executable and the
+    module its kernels were compiled from (after those two steps: the signatures the
+    executable's library holds, which time_kernels times)."""
     from autofuse.inplace import reuse_dead_inputs
     from autofuse.schedule import pack_constants
+
+    compiled: list[tvm.IRModule] = []
 
     @tvm.transform.module_pass(opt_level=0, name="AutofuseLowering")
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -285,9 +290,10 @@ def compile_scheduled(
             mod = pack_constants(mod)
             if fused is not None:
                 mod = reuse_dead_inputs(mod, fused)
+            compiled.append(mod)
             return tvm.transform.Sequential(_lowering_passes(target))(mod)
 
-    return tvm.compile(scheduled, target=target, relax_pipeline=pipeline)
+    return tvm.compile(scheduled, target=target, relax_pipeline=pipeline), compiled[-1]
 
 
 def device_for(target: tvm.target.Target) -> tvm.runtime.Device:
@@ -404,30 +410,31 @@ def kernel_args(prim: tvm.tirx.PrimFunc, dev: tvm.runtime.Device, rng: np.random
 
 
 def time_kernels(
-    mod: tvm.IRModule, names: Sequence[str], target: tvm.target.Target, config: MeasureConfig
+    ex: tvm.runtime.Executable, compiled: tvm.IRModule, names: Sequence[str], dev: tvm.runtime.Device,
+    config: MeasureConfig,
 ) -> dict[str, float]:
-    """Median latency of each named PrimFunc run alone on random buffers (one compile for all);
-    kernels of run-time sizes are left out (schedule.static_buffers).
+    """Median latency of each named kernel run alone on random buffers, taken from the plan's
+    own executable (`compiled`: its kernels as compile_scheduled built them); kernels of
+    run-time sizes, and any the library does not hold, are left out (schedule.static_buffers).
 
     This is what the cost model learns from: per-group kernel time, the same kernel measured
-    once however many plans contain it.
+    once however many plans contain it. Compiling the kernels again apart had cost as much as
+    the plan's own build (RWKV: 10 s to compile and 9 s to load 89 kernels, 3 s to time them).
     """
     from autofuse.schedule import static_buffers
 
-    funcs = {n: mod[n].with_attr("global_symbol", n) for n in dict.fromkeys(names) if static_buffers(mod[n])}
-    if not funcs:
-        return {}
-    lib = tvm.compile(tvm.IRModule(funcs), target=target).jit()
-    dev = device_for(target)
+    lib = ex.mod.imports[0] if ex.mod.imports else ex.mod
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
-    for name, prim in funcs.items():
-        args = kernel_args(prim, dev, rng)
+    for name in dict.fromkeys(names):
+        prim = compiled[name] if name in compiled else None
+        if not isinstance(prim, tvm.tirx.PrimFunc) or not static_buffers(prim) or not lib.implements_function(name):
+            continue
         timer = lib.time_evaluator(
             name, dev, number=config.number, repeat=max(3, config.repeat // 2),
             min_repeat_ms=config.min_repeat_ms,
         )
-        out[name] = float(np.median(timer(*args).results))
+        out[name] = float(np.median(timer(*kernel_args(prim, dev, rng)).results))
     return out
 
 

@@ -1724,10 +1724,24 @@ def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
         if blk.name_hint in seen:
             continue
         seen.add(blk.name_hint)
-        if any(op in str(blk.body) for op in _COSTLY):
+        if _computes_costly(blk.body):
             return True
         pending.extend(p for p in sch.get_producers(b) if not _is_reduction(sch, p) and _domain(sch.get(p)) == size)
     return False
+
+
+_COSTLY_BODIES: dict[int, bool] = {}
+
+
+def _computes_costly(body: tirx.Stmt) -> bool:
+    """Whether a block body names one of _COSTLY. Printing TIR is slow and the same bodies
+    are read again for every block whose producers they are, so the answer is kept by the
+    body's structural hash."""
+    key = tvm_ffi.structural_hash(body)
+    if key not in _COSTLY_BODIES:
+        text = str(body)
+        _COSTLY_BODIES[key] = any(op in text for op in _COSTLY)
+    return _COSTLY_BODIES[key]
 
 
 def _domain(blk: object) -> int:

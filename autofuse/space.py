@@ -228,14 +228,18 @@ class _PlanBuilder:
     def _closes_cycle(self, ga: int, gb: int) -> bool:
         # After merging, a cycle exists iff some path leaves the merged group through another
         # group and comes back; search the group graph from the merged group's successors.
+        # Node ids are topologically ordered, so a group whose first node comes after the merged
+        # group's last leads only further on: the search stays between the two (RWKV, 1,814
+        # nodes: decoding a plan 1.2 s -> ms).
         start = {ga, gb}
-        frontier = [
-            self.find(v)
+        last = max(self.members[ga][-1], self.members[gb][-1])
+        frontier = list({
+            h
             for g in start
             for u in self.members[g]
             for v in self.graph.succs[u]
-            if self.find(v) not in start
-        ]
+            if (h := self.find(v)) not in start and self.members[h][0] < last
+        })
         seen = set(frontier)
         while frontier:
             g = frontier.pop()
@@ -244,7 +248,7 @@ class _PlanBuilder:
                     h = self.find(v)
                     if h in start:
                         return True
-                    if h not in seen:
+                    if h not in seen and self.members[h][0] < last:
                         seen.add(h)
                         frontier.append(h)
         return False

@@ -87,7 +87,8 @@ class _Session:
     def compile(
         self, groups: list[list[int]], target_spec: str, scheduler: str | None = None, database: str | None = None
     ) -> tuple[Any, Any, Any, Any, list[str]]:
-        """Returns (executable, target, fused module, scheduled module, kernel name per group)."""
+        """Returns (executable, target, fused module, its kernels as compiled, kernel name per
+        group)."""
         from autofuse import apply
         from autofuse import build
         from autofuse.plan import FusionPlan
@@ -97,8 +98,8 @@ class _Session:
         # legality was checked by the parent under the user's limits; here only build it
         fused, kernels = apply.fuse(self.mod, self.graph, plan)
         scheduled = build.schedule(fused, target, scheduler or build.default_scheduler(target), database)
-        ex, scheduled = build.compile_repairing(fused, scheduled, target)
-        return ex, target, fused, scheduled, kernels
+        ex, compiled = build.compile_repairing(fused, scheduled, target)
+        return ex, target, fused, compiled, kernels
 
     def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
         from autofuse import build
@@ -158,7 +159,7 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
     out, built = _build_and_check(session, req, conn)
     if built is None:
         return out
-    ex, dev, scheduled, kernels, target = built
+    ex, dev, compiled, kernels, target = built
     config = build.MeasureConfig(**req["config"])
     try:
         paired = session.paired_executable(req, conn)
@@ -171,21 +172,21 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
         out.update(status="runtime_error", error=_short(err))
         return out
     if req.get("time_groups"):
-        out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
+        out["kernel_latencies_s"] = _time_new_kernels(ex, compiled, kernels, out["kernels"], dev, req)
     return out
 
 
 def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -> tuple[dict[str, Any], Any]:
     """Build one plan and check its outputs against the unfused model. Returns (result, None)
     when there is nothing to time (a failure, a build-only target, an export), else (result,
-    (executable, device, scheduled module, kernel names, target))."""
+    (executable, device, its kernels as compiled, kernel names, target))."""
     from autofuse import build
     from autofuse.schedule import static_buffers
 
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
     try:
-        ex, target, fused, scheduled, kernels = session.compile(
+        ex, target, fused, compiled, kernels = session.compile(
             req["groups"], req["target"], req.get("scheduler"), req.get("database")
         )
     except Exception as err:
@@ -200,8 +201,8 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
     if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
         ex.export_library(req["export_to"])
         out["kernel_params"] = {  # what the runner times each kernel alone on
-            h: [[[int(d) for d in b.shape], str(b.dtype)] for b in scheduled[n].params]
-            for n, h in zip(kernels, out["kernels"]) if static_buffers(scheduled[n])
+            h: [[[int(d) for d in b.shape], str(b.dtype)] for b in compiled[n].params]
+            for n, h in zip(kernels, out["kernels"]) if static_buffers(compiled[n])
         }
         out["kernel_names"] = dict(zip(out["kernels"], kernels))
     if req.get("build_only") or req.get("export_to"):
@@ -220,7 +221,7 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
     except Exception as err:
         out.update(status="runtime_error", error=_short(err))
         return out, None
-    return out, (ex, dev, scheduled, kernels, target)
+    return out, (ex, dev, compiled, kernels, target)
 
 
 def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
@@ -255,10 +256,10 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
             for out, _ in timed:
                 out.update(status="runtime_error", error=_short(err))
             return reply
-        for (out, (_, _, scheduled, kernels, target)), lat in zip(timed, samples):
+        for (out, (ex, dev, compiled, kernels, _)), lat in zip(timed, samples):
             out["latencies_s"] = lat
             if req.get("time_groups"):
-                out["kernel_latencies_s"] = _time_new_kernels(scheduled, kernels, out["kernels"], target, req)
+                out["kernel_latencies_s"] = _time_new_kernels(ex, compiled, kernels, out["kernels"], dev, req)
         if others:
             reply["onnxruntime_latencies_s"] = samples[-1]
     return reply
@@ -275,9 +276,9 @@ def _onnxruntime_sampler(path: str, session: _Session, config: Any) -> Any:
 
 
 def _time_new_kernels(
-    scheduled: Any, names: list[str], hashes: list[str], target: Any, req: dict[str, Any]
+    ex: Any, compiled: Any, names: list[str], hashes: list[str], dev: Any, req: dict[str, Any]
 ) -> dict[str, float]:
-    """Time the plan's scheduled kernels not yet known to the parent (keyed by the hash of the
+    """Time the plan's kernels not yet known to the parent (keyed by the hash of the
     unscheduled kernel: the group's identity; the scheduler is recorded beside it)."""
     from autofuse import build
 
@@ -287,7 +288,7 @@ def _time_new_kernels(
         return {}
     cfg = build.MeasureConfig(number=3, repeat=5, min_repeat_ms=5)
     try:
-        by_name = build.time_kernels(scheduled, list(todo.values()), target, cfg)
+        by_name = build.time_kernels(ex, compiled, list(todo.values()), dev, cfg)
     except Exception:  # kernel timing is only cost-model data; the plan itself measured fine
         return {}
     return {h: by_name[n] for h, n in todo.items() if n in by_name}  # static_buffers only
@@ -361,6 +362,9 @@ def _short(err: BaseException) -> str:
 
 def serve(conn: Connection, module_json_path: str, inputs: list[dict[str, Any]]) -> None:
     """Load the workload once, then answer requests until told to stop."""
+    from autofuse.tvm_bridge import skip_schedule_type_checks
+
+    skip_schedule_type_checks()
     with open(module_json_path) as fh:
         session = _Session(fh.read(), inputs)
     conn.send(("ready", None))

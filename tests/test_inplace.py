@@ -75,6 +75,24 @@ def test_a_residual_add_writes_over_its_input_only_where_nothing_else_reads_it(v
     np.testing.assert_allclose(out2.numpy(), _reference(variant, x2), rtol=1e-4, atol=1e-4)
 
 
+def test_kernels_are_timed_alone_as_the_executable_holds_them():
+    # the in-place kernel lost its output parameter and the matmuls' weights were re-laid:
+    # time_kernels calls them from the plan's own library with the signatures compiled there
+    w = prepare(_residual_block("dead"))
+    fused = apply.apply_plan(w.mod, w.graph, w.tvm_default())
+    target = build.make_target("llvm")
+    scheduled = build.schedule(fused, target, "rules")
+    ex, compiled = build.compile_repairing(fused, scheduled, target)
+    names = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    (in_place,) = _in_place_calls(compiled)
+    assert len(compiled[in_place].params) == len(scheduled[in_place].params) - 1
+    cfg = build.MeasureConfig(number=2, repeat=3, min_repeat_ms=0)
+    times = build.time_kernels(ex, compiled, names, tvm.cpu(), cfg)
+    assert set(times) == set(names) and all(t > 0 for t in times.values())
+    with pytest.raises(Exception, match=r"Expected \d+ arguments"):  # the signatures before
+        build.time_kernels(ex, scheduled, [in_place], tvm.cpu(), cfg)
+
+
 def _kernel(epilogue):
     from tvm import te
 
