@@ -230,7 +230,7 @@ class _PlanBuilder:
         # group and comes back; search the group graph from the merged group's successors.
         # Node ids are topologically ordered, so a group whose first node comes after the merged
         # group's last leads only further on: the search stays between the two (RWKV, 1,814
-        # nodes: decoding a plan 1.2 s -> ms).
+        # nodes, a random half of its 4,190 decisions taken: decoding 0.50 s -> 0.20 s).
         start = {ga, gb}
         last = max(self.members[ga][-1], self.members[gb][-1])
         frontier = list({
