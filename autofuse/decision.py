@@ -153,8 +153,10 @@ def decide_over_default(
     relative to TVM's plan (its expected latency in a process), and it must be faster in at
     least two thirds of the rounds, its median gain must exceed `min_gain` and the spread of the
     per-round gains (half their range with three rounds; with more, the range left after
-    dropping the highest and the lowest), and its mean gain, less one standard error, must
-    exceed `min_gain`. The last asks what a plan fast in most processes and far slower in some
+    dropping the highest and the lowest) unless its gain exceeds `min_gain` in every round (a
+    wide spread of gains that are all clear is no doubt about the gain: ViT's finalist,
+    +7.5..+24.5% in five rounds), and its mean gain, less one standard error, must exceed
+    `min_gain`. The last asks what a plan fast in most processes and far slower in some
     costs on average (norm_chain's tuned plan: 30 us in six of ten processes, 50-67 us in four;
     TVM's plan 37-45 in all). Without per-round data the gain must exceed `min_gain` and the
     noise of either plan."""
@@ -174,7 +176,7 @@ def decide_over_default(
     shown = ", ".join(f"{g:+.1%}" for g in gains)
     detail = f"per round {shown}; spread {spread:.1%}; mean {expected:+.1%} ± {error:.1%}"
     failed = [f"faster in {faster} of {n} rounds"] if 3 * faster < 2 * n else []
-    if gain <= max(min_gain, spread):
+    if gain <= max(min_gain, spread) and gains[0] <= min_gain:
         failed.append(f"median gain not above the spread and min gain ({min_gain:.0%})")
     if expected - error <= min_gain:
         failed.append(f"mean gain, less its standard error, not above min gain ({min_gain:.0%})")
