@@ -83,8 +83,7 @@ def candidate_plans(
     for _ in range(20 * count):
         if len(out) >= count:
             break
-        params = {d.id: rng.random() < 0.5 for d in space.decisions}
-        add(f"random:{len(out)}", space.decode(params))
+        add(f"random:{len(out)}", space.decode(space.random_params(rng.random)))
     return list(out.values())
 
 

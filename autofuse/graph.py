@@ -118,6 +118,23 @@ class OpGraph:
                 reach[v] |= (1 << u) | reach[u]
         return tuple(reach)
 
+    @cached_property
+    def roles(self) -> tuple[int, ...]:
+        """Per node, a label equal for nodes that play the same part in repeated blocks (the
+        same matmul in each layer of a transformer): its op, shape and dtype and those of its
+        neighbours up to two edges away either way (Weisfeiler-Lehman refinement, two rounds).
+        Labels are numbered in order of first appearance, so they do not depend on the process."""
+
+        def relabel(keys: list[Any]) -> list[int]:
+            seen: dict[Any, int] = {}
+            return [seen.setdefault(k, len(seen)) for k in keys]
+
+        label = relabel([(n.op, n.shape, n.dtype, n.fusable) for n in self.nodes])
+        for _ in range(2):
+            label = relabel([(label[i], tuple(sorted(label[p] for p in self.preds[i])),
+                              tuple(sorted(label[s] for s in self.succs[i]))) for i in range(len(label))])
+        return tuple(label)
+
     def independent(self, a: int, b: int) -> bool:
         """True when neither node depends on the other (candidates for horizontal fusion)."""
         return not (self.descendants[a] >> b) & 1 and not (self.descendants[b] >> a) & 1

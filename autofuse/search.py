@@ -174,6 +174,8 @@ class Tuner:
         self._load_history()
         self.seeds = self._seed_plans()  # unfused, tvm_default, logged best, plus_kinds: fixed per run
         self.composed: dict[str, FusionPlan] = {}  # plans SearchSpace.compose made from kernel times
+        # plans queued in the study by key (_enqueue); the seeds also when a resumed study holds them
+        self.queued: dict[str, FusionPlan] = {p.key: p for p in self.seeds}
         self._composed_from: tuple[int, float] | None = None  # what the last composition knew
 
     # --- history ------------------------------------------------------------------------------
@@ -337,7 +339,8 @@ class Tuner:
 
     @property
     def study_name(self) -> str:
-        return f"{self.w.key}-{self.target}-{self.space_name}-{self.scheduler}-k{tuning_log.KERNELS_VERSION}"
+        # "tied": parameters per class of repeated decisions (SearchSpace.tied), not per decision
+        return f"{self.w.key}-{self.target}-{self.space_name}-{self.scheduler}-k{tuning_log.KERNELS_VERSION}-tied"
 
     # --- strategies ---------------------------------------------------------------------------
 
@@ -377,7 +380,7 @@ class Tuner:
         self._fail_orphans(study)
         if not study.trials:
             for plan in self.seeds:
-                study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
+                self._enqueue(study, plan)
         since_best, best_before = 0, self.best_s
         while self._study_measured(study) < self.cfg.trials and not self._out_of_time():
             measured_before = self.counts["measured"]
@@ -406,7 +409,14 @@ class Tuner:
             plan = self.space.compose(self.w.tvm_default(), known, overhead)
             if plan.key not in self.measured and plan.key not in self.composed:  # TVM's plan is measured
                 self.composed[plan.key] = plan
-                study.enqueue_trial(self.space.encode(plan), skip_if_exists=True)
+                self._enqueue(study, plan)
+
+    def _enqueue(self, study: optuna.Study, plan: FusionPlan) -> None:
+        """Queue `plan` as the study's next trial: with the tied parameters nearest to it, for
+        the sampler to learn from, and its key, so that `_ask` measures the plan itself (it may
+        treat repeated blocks differently, as TVM's plan and composed ones can)."""
+        self.queued[plan.key] = plan
+        study.enqueue_trial(self.space.tie(self.space.encode(plan)), user_attrs={"plan_key": plan.key})
 
     def _fail_orphans(self, study: optuna.Study) -> None:
         # trials left RUNNING by a killed process on this host would never finish
@@ -419,8 +429,9 @@ class Tuner:
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, FusionPlan]:
         trial = study.ask()
         trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
-        params = {d.id: trial.suggest_categorical(d.id, [False, True]) for d in self.space.decisions}
-        plan = self.space.decode(params)
+        params = {t: trial.suggest_categorical(t, [False, True]) for t in self.space.tied}
+        queued = self.queued.get(trial.user_attrs.get("plan_key", ""))  # a seed or composed plan
+        plan = queued or self.space.decode(self.space.untie(params))
         trial.set_user_attr("plan_key", plan.key)
         return trial, plan
 
@@ -479,8 +490,7 @@ class Tuner:
         base = self.space.encode(self.w.tvm_default())
         candidates: dict[str, FusionPlan] = {}
         for i in range(self.cfg.model_candidates):
-            density = rng.uniform(0.2, 1.0)
-            params = {d.id: bool(rng.random() < density) for d in self.space.decisions}
+            params = self.space.random_params(rng.random, rng.uniform(0.2, 1.0))
             if i % 2:  # half of them start from TVM's own plan
                 params = {k: v or base[k] for k, v in params.items()}
             plan = self.space.decode(params)

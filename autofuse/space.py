@@ -4,7 +4,10 @@ A decision says "put these two nodes in one kernel". Three kinds, as in the miss
 vertical (producer -> consumer, anchors with their epilogues included), reduction (a reduce
 feeding its elementwise/broadcast consumers: TVM's rules never do this) and horizontal (siblings
 reading one tensor, or independent look-alike ops). Each decision has a stable id, so a plan is
-a fixed flat set of booleans that Optuna can search.
+a fixed flat set of booleans. Optuna searches one boolean per class of decisions that play the
+same part in repeated blocks (`tied`: a transformer's twelve layers, one set of parameters):
+fewer dimensions for the sampler to learn, and sampled plans that treat alike what is alike;
+plans that do not (TVM's, the composed ones) are measured as they are.
 
 Decoding applies the chosen decisions greedily in a fixed order, skipping any merge that would
 break a legality rule, until nothing changes: every parameter vector maps to a legal plan, and
@@ -14,6 +17,7 @@ break a legality rule, until nothing changes: every parameter vector maps to a l
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +72,14 @@ class SearchSpace:
         self.limits = limits or FusionLimits()
         self.decisions = tuple(sorted(self._enumerate()))
         self.by_id = {d.id: d for d in self.decisions}
+        classes: dict[tuple[str, int, int], list[str]] = {}
+        roles = graph.roles
+        for d in self.decisions:
+            classes.setdefault((d.kind, roles[d.a], roles[d.b]), []).append(d.id)
+        # what the search samples: one parameter per class of decisions that play the same part
+        # in repeated blocks, named after its first decision (every class of one in a graph
+        # without repeats: the decisions themselves)
+        self.tied = {ids[0]: tuple(ids) for ids in classes.values()}
 
     def _enumerate(self) -> set[Decision]:
         g, lim = self.graph, self.limits
@@ -117,6 +129,22 @@ class SearchSpace:
     def encode(self, plan: FusionPlan) -> dict[str, bool]:
         group_of = plan.group_of()
         return {d.id: group_of[d.a] == group_of[d.b] for d in self.decisions}
+
+    def untie(self, params: dict[str, bool]) -> dict[str, bool]:
+        """Decision values from the search's parameters (`tied`): each class's value for all of
+        its decisions."""
+        return {d: v for t, v in params.items() for d in self.tied.get(t, (t,))}
+
+    def tie(self, params: dict[str, bool]) -> dict[str, bool]:
+        """The search's parameters nearest to decision values: each class takes the value most
+        of its decisions have (True on a tie). Exact where a plan treats repeated blocks alike."""
+        return {t: 2 * sum(params.get(d, False) for d in ds) >= len(ds) for t, ds in self.tied.items()}
+
+    def random_params(self, draw: Callable[[], float], density: float = 0.5) -> dict[str, bool]:
+        """Random decision values, each class of tied decisions taken with probability
+        `density`: a random plan treats repeated blocks alike, as a sampled one does (with
+        thousands of independent coin flips, a large model's random plans are noise)."""
+        return self.untie({t: draw() < density for t in self.tied})
 
     def plan_of_kinds(self, kinds: set[str], name: str = "") -> FusionPlan:
         """The plan that takes every decision of the given kinds."""

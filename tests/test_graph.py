@@ -39,3 +39,26 @@ def test_rejects_backward_edges():
         assert "not forward" in str(err)
     else:
         raise AssertionError("a backward edge must be rejected")
+
+
+def chain_of_blocks(blocks: int) -> OpGraph:
+    """blocks x (matmul -> add -> relu), each block reading the one before."""
+    nodes, edges = [], []
+    for b in range(blocks):
+        for op, kind in (("matmul", OpKind.OUT_EWISE_FUSABLE), ("add", OpKind.BROADCAST), ("relu", OpKind.ELEMWISE)):
+            i = len(nodes)
+            nodes.append(OpNode(i, f"{op}{b}", op, kind, (8, 16), "float32", 1.0, 512, 512))
+            if i:
+                edges.append((i - 1, i))
+    return OpGraph(tuple(nodes), tuple(edges), frozenset({len(nodes) - 1}))
+
+
+def test_nodes_in_the_same_part_of_repeated_blocks_share_a_role():
+    g = chain_of_blocks(6)
+    roles = [g.roles[b * 3: b * 3 + 3] for b in range(6)]
+    # the blocks two edges or more from either end look alike; those nearer an end do not
+    assert roles[1] == roles[2] == roles[3] == roles[4]
+    assert roles[0] != roles[1] and roles[5] != roles[4] and roles[0] != roles[5]
+    assert len(set(roles[2])) == 3  # matmul, add and relu are different parts
+    # labels are numbered by first appearance: the same in every process
+    assert g.roles[0] == 0 and max(g.roles) == len(set(g.roles)) - 1

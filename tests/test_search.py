@@ -218,3 +218,34 @@ def test_search_compares_plans_through_the_host_s_slow_spells(transformer, tmp_p
     for group, kernel in tuner.group_kernel.items():
         assert tuner.kernel_s[kernel] == pytest.approx(fake.group_s(group))
     assert tuner.best_s == pytest.approx(min(true_s.values()))
+
+
+def test_search_samples_tied_parameters_and_measures_queued_plans_as_they_are(tmp_path):
+    # a six-layer MLP: the sampler gets one parameter per part of the repeated layers, and a
+    # queued plan that treats the layers differently is measured itself, not its tied nearest
+    import optuna
+
+    from autofuse import models
+    from autofuse.search import open_study
+    from autofuse.workload import prepare
+
+    path = tmp_path / "deep_mlp.onnx"
+    import onnx
+
+    onnx.save(models.mlp(dims=(32,) + (32,) * 6 + (8,)), path)
+    w = prepare(path)
+    space = SearchSpace(w.graph)
+    assert len(space.tied) < len(space.decisions)
+    fake = FakeMeasurer(w.graph)
+    tuner = Tuner(w, "llvm", fake, TuningLog(tmp_path / "logs"), TuneConfig(trials=12, finalize=False))
+    tuner.run()
+    study = open_study(None, tmp_path / "logs", tuner.study_name, 0)
+    assert all(set(t.params) == set(space.tied) for t in study.trials)
+    tied = next(ids for ids in space.tied.values() if len(ids) > 2)
+    odd = space.decode({tied[0]: True})  # one layer's merge of that part, the others not
+    assert space.decode(space.untie(space.tie(space.encode(odd)))) != odd
+    tuner._enqueue(study, odd)
+    trial, plan = tuner._ask(study)
+    assert plan == odd and trial.params == space.tie(space.encode(odd))
+    assert trial.user_attrs["plan_key"] == odd.key
+    assert study.trials[-1].state == optuna.trial.TrialState.RUNNING

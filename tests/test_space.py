@@ -170,3 +170,36 @@ def test_compose_splits_a_group_slower_than_its_ops_apart(transformer):
     assert slow not in plan.groups and {(n,) for n in slow} <= set(plan.groups)
     validate(transformer.graph, plan, space.limits)
     assert slow in space.compose(base, group_s, overhead_s=1e-6).groups  # the overhead outweighs it
+
+
+def test_search_parameters_tie_the_decisions_of_repeated_blocks():
+    import random
+
+    from test_graph import chain_of_blocks
+
+    graph = chain_of_blocks(8)
+    space = SearchSpace(graph)
+    members = [ids for ids in space.tied.values() if len(ids) > 1]
+    assert len(space.tied) < len(space.decisions) and members
+    for ids in members:  # one decision per block, all of the same kind
+        ds = [space.by_id[i] for i in ids]
+        assert len({d.a // 3 for d in ds}) == len(ds) and len({d.kind for d in ds}) == 1
+    assert sorted(i for ids in space.tied.values() for i in ids) == sorted(d.id for d in space.decisions)
+    # random plans treat repeated blocks alike
+    rng = random.Random(0)
+    for _ in range(5):
+        params = space.random_params(rng.random)
+        assert all(len({params[i] for i in ids}) == 1 for ids in space.tied.values())
+    # a plan that treats them alike round-trips through the tied parameters; one that does
+    # not gets the value most of its blocks have
+    every_epilogue = space.decode({d.id: graph.nodes[d.a].op == "matmul" for d in space.decisions})
+    assert space.decode(space.untie(space.tie(space.encode(every_epilogue)))) == every_epilogue
+    ids = members[0]
+    odd = space.decode({ids[0]: True})
+    assert len(odd.groups) == len(graph.nodes) - 1  # one merge, in one block
+    assert not any(space.tie(space.encode(odd)).values())
+
+
+def test_a_graph_without_repeats_searches_every_decision(small):
+    space = SearchSpace(small.graph)
+    assert all(len(ids) == 1 for ids in space.tied.values()) and len(space.tied) == len(space.decisions)
