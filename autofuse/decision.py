@@ -54,6 +54,17 @@ class Rounds:
     def slow_rounds(self) -> int:
         return self.ran - len(self.kept)
 
+    def joined(self, more: Rounds) -> Rounds:
+        """These rounds and `more`, run after them, as one set of rounds, for the plans good in
+        both (a plan that failed in either is failed)."""
+        keys = [k for k in self.good if k in more.good]
+        good = {k: replace(self.good[k], latencies_s=self.good[k].latencies_s + more.good[k].latencies_s)
+                for k in keys}
+        per_round = {k: self.per_round[k] + more.per_round[k] for k in keys}
+        return Rounds(good, {k: _noise(per_round[k], good[k]) for k in keys}, {**self.failed, **more.failed},
+                      replace(self.config, repeat=self.config.repeat + more.config.repeat), per_round,
+                      self.kept + [self.ran + i for i in more.kept], self.ran + more.ran)
+
     def speedup(self, base: str, other: str) -> float | None:
         """How many times faster `other` ran than `base`: the median, over their paired samples
         (the k-th sample of each in a round, timed back to back), of base / other. Pairing
@@ -116,14 +127,17 @@ def measure_rounds(
                 medians[k].append(m.median_s or 0.0)
     good = {k: replace(last[k], latencies_s=tuple(samples[k])) for k in samples
             if k in last and last[k].ok and samples[k]}
-    noise = {}
-    for k, m in good.items():
-        meds = medians[k]
-        drift = (max(meds) - min(meds)) / (m.median_s or 1.0) if len(meds) > 1 else 0.0
-        noise[k] = max(drift, m.spread or 0.0)
+    noise = {k: _noise(medians[k], m) for k, m in good.items()}
     failed = {k: m for k, m in last.items() if not m.ok}
     return Rounds(good, noise, failed, replace(config, repeat=config.repeat * max(1, len(kept))),
                   {k: medians[k] for k in good}, kept, len(per))
+
+
+def _noise(medians: list[float], pooled: Measurement) -> float:
+    """A plan's noise: the range of its per-round medians relative to its pooled median (the
+    drift between processes), or the spread of its samples if larger."""
+    drift = (max(medians) - min(medians)) / (pooled.median_s or 1.0) if len(medians) > 1 else 0.0
+    return max(drift, pooled.spread or 0.0)
 
 
 def _usual_speed(per: list[dict[str, Measurement]], reference: str | None) -> list[int]:

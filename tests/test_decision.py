@@ -141,3 +141,22 @@ def test_a_host_slow_for_good_gets_at_most_twice_the_rounds():
     assert len(runs) == 6 and res.ran == 6
     # one fast round is no usual speed: every round counts
     assert res.kept == list(range(6)) and res.slow_rounds == 0 and len(res.good[tvm.key].latencies_s) == 18
+
+
+def test_rounds_run_after_others_join_them():
+    from autofuse.build import MeasureConfig
+    from autofuse.decision import Rounds
+    from autofuse.measure import Measurement
+
+    def rounds(per_round, ran, kept, failed=()):
+        good = {k: Measurement(k, "ok", tuple(v)) for k, v in per_round.items()}
+        bad = {k: Measurement(k, "runtime_error") for k in failed}
+        return Rounds(good, dict.fromkeys(good, 0.0), bad, MeasureConfig(repeat=3 * len(kept)), per_round, kept, ran)
+
+    first = rounds({"tvm": [10.0, 10.0], "a": [8.0, 8.0], "b": [9.0, 9.0]}, 3, [0, 2])
+    more = rounds({"tvm": [10.0, 12.0], "a": [16.0, 8.0]}, 2, [0, 1], failed=["c"])
+    both = first.joined(more)
+    assert set(both.good) == {"tvm", "a"} and set(both.failed) == {"c"}
+    assert both.per_round["a"] == [8.0, 8.0, 16.0, 8.0] and both.good["a"].latencies_s == (8.0, 8.0, 16.0, 8.0)
+    assert both.kept == [0, 2, 3, 4] and both.ran == 5 and both.slow_rounds == 1
+    assert both.config.repeat == 12 and both.noise["a"] == 1.0  # (16 - 8) / 8

@@ -32,8 +32,28 @@ def test_search_finds_known_best(small, tmp_path):
     searched = [r.plan_key for r in TuningLog(tmp_path).records() if r.role in ("seed", "search")]
     assert len(searched) == len(set(searched)) > 10
     finals = [r for r in TuningLog(tmp_path).records() if r.role == "finalist"]
-    assert len(finals) in (cfg.final_rounds * cfg.finalists, cfg.final_rounds * (cfg.finalists + 1))
+    # the finalists' rounds, and the winner's confirming rounds against TVM's plan
+    assert len(finals) - 2 * cfg.confirm_rounds in (cfg.final_rounds * cfg.finalists,
+                                                    cfg.final_rounds * (cfg.finalists + 1))
     assert result.summary["latency_s"]["best"] == pytest.approx(fake.latency_s(best))
+
+
+def test_a_winner_is_confirmed_in_more_rounds_before_it_replaces_tvm_s_plan(small, tmp_path):
+    # the search's best plan runs well in the finalists' five rounds and 3x slower in every
+    # process after them: a plan fast in some processes and slow in others that five missed
+    best, _ = best_by_brute_force(SearchSpace(small.graph), FakeMeasurer(small.graph))
+
+    class SlowLater(FakeMeasurer):
+        def latency_s(self, plan):  # measured once in the search, five times in the finals
+            return super().latency_s(plan) * (3.0 if plan.key == best.key and self.calls.count(best.key) > 6 else 1.0)
+
+    for confirm, replaced in ((0, True), (5, False)):
+        cfg = TuneConfig(trials=30, seed=0, min_gain=0.0, confirm_rounds=confirm)
+        fake = SlowLater(small.graph)
+        result = Tuner(small, "llvm", fake, TuningLog(tmp_path / str(confirm)), cfg).run()
+        assert result.replaced_default == replaced and fake.calls.count(best.key) == 6 + confirm
+        assert result.best.key == (best if replaced else small.tvm_default()).key
+    assert "faster in 5 of 10 rounds" in result.reason
 
 
 def test_same_seed_same_plans(small, tmp_path):
