@@ -88,9 +88,10 @@ def test_model_strategy_uses_earlier_logs(transformer, tmp_path):
     result = Tuner(transformer, "llvm", fresh, log, TuneConfig(strategy="model", model_measure=3)).run()
     assert result.best_measurement.ok
     assert fake.latency_s(result.best) <= fake.latency_s(transformer.tvm_default())
-    # with the cost model trained on the log, only the top few candidates were measured
+    # with the cost model trained on the log, only the top few candidates were measured (and
+    # the finalists, and the winner's confirming rounds against TVM's plan)
     cfg = TuneConfig()
-    assert result.measured <= 3 + 2 + 1 + cfg.final_rounds * (cfg.finalists + 1)
+    assert result.measured <= 3 + 2 + 1 + cfg.final_rounds * (cfg.finalists + 1) + 2 * cfg.confirm_rounds
 
 
 def test_cost_model_screens_and_ranks(transformer, tmp_path):
