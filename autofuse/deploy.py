@@ -7,6 +7,7 @@ FuseTIR. `build` and `export_library` do the whole job for a model or an IRModul
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,9 @@ def choose_plan(
         except IllegalPlanError as err:
             raise LogError(f"{log.path}: cached plan {plan.key} does not fit this model: {err}") from None
         note = f"cached plan {plan.key} ({best.role}, {best.scheduler} schedules)"
+        tuned = best.protocol.get("threads")
+        if tuned and os.environ.get("TVM_NUM_THREADS") != str(tuned):
+            note += f"; tuned on {tuned} threads: run it with TVM_NUM_THREADS={tuned}, or tune where it runs"
         return ChosenPlan(plan, "log", note, best.median_s, best.scheduler)
     msg = f"no valid tuned plan for {model_name} on {target} in {log.path}"
     if strict:

@@ -30,6 +30,7 @@ import optuna
 
 from autofuse import tuning_log
 from autofuse.build import MeasureConfig
+from autofuse.build import cpu_threads
 from autofuse.cost_model import XGBCostModel
 from autofuse.cost_model import kendall_tau
 from autofuse.decision import Rounds
@@ -324,6 +325,8 @@ class Tuner:
                 **asdict(config or getattr(self.measurer, "config", MeasureConfig())),
                 "reference": "unfused plan, same target, same random inputs",
                 "tolerances": {dt: list(tolerance(dt)) for dt in sorted({n.dtype for n in self.w.graph.nodes})},
+                # the plan that wins depends on it (norm_chain's: faster on two threads, slower on one)
+                **({"threads": getattr(self.measurer, "threads", 0) or cpu_threads()} if "cuda" not in self.target else {}),
             },
             role=role,
             trial=trial,

@@ -76,3 +76,27 @@ def test_build_convenience(mlp, tmp_path):
     feeds = random_inputs(mlp.inputs)
     want = run_onnxruntime(mlp.loaded.onnx_model, mlp.inputs, feeds)[0]
     np.testing.assert_allclose(builder.run(ex, tvm.cpu(), feeds)[0], want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_plan_tuned_on_other_threads_says_so(mlp, tmp_path, monkeypatch):
+    # the plan that wins depends on the thread count: apply names the one it was tuned on
+    plan = SearchSpace(mlp.graph).plan_of_kinds({"vertical"})
+    m = Measurement(plan.key, "ok", latencies_s=(1e-4, 1e-4))
+    TuningLog(tmp_path).append(TuningRecord(mlp.key, mlp.name, "llvm", "none", plan.to_dict(), m.to_dict(),
+                                            role="best", protocol={"threads": 3}))
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    chosen = deploy.choose_plan(mlp.key, mlp.graph, mlp.tvm_default(), tmp_path, "llvm")
+    assert chosen.plan == plan and "tuned on 3 threads: run it with TVM_NUM_THREADS=3" in chosen.note
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert "threads" not in deploy.choose_plan(mlp.key, mlp.graph, mlp.tvm_default(), tmp_path, "llvm").note
+
+
+def test_tuning_records_the_thread_count(small, tmp_path):
+    from autofuse.build import cpu_threads
+    from autofuse.search import TuneConfig
+    from autofuse.search import Tuner
+
+    from fakes import FakeMeasurer
+
+    Tuner(small, "llvm", FakeMeasurer(small.graph), TuningLog(tmp_path), TuneConfig(trials=2, finalize=False)).run()
+    assert {r.protocol["threads"] for r in TuningLog(tmp_path).records()} == {cpu_threads()}
