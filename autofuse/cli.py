@@ -125,7 +125,6 @@ def tune(
     from autofuse.search import STRATEGIES
     from autofuse.search import TuneConfig
     from autofuse.search import Tuner
-    from autofuse.space import SearchSpace
     from autofuse.space import load_limits
     from autofuse.space import load_resource_limits
     from autofuse.tuning_log import TuningLog
@@ -154,12 +153,14 @@ def tune(
                           scheduler=scheduler, database=database, resource_limits=resource_limits,
                           pair_with_default=True) as m:
         make = lambda cfg: Tuner(w, target, m, log, cfg, limits, space_name, scheduler, storage)  # noqa: E731
+        tuner = make(config)
         if not as_json:
             out.print(f"[bold]{w.name}[/bold] ({w.key}) on {target}: {len(w.graph)} kernels unfused, "
-                      f"{len(SearchSpace(w.graph, limits))} fusion decisions, strategy {strategy}")
+                      f"{len(tuner.space)} fusion decisions ({len(tuner.space.tied)} search parameters), "
+                      f"strategy {strategy}")
             for note in w.loaded.notes:  # what import did to the model (simplified, upcast, rewritten)
                 out.print(f"  import: {note}", soft_wrap=True)
-        result = _with_progress(make(config), trials, as_json)
+        result = _with_progress(tuner, trials, as_json)
         for child in children:
             child.wait()
         if children and finalize:

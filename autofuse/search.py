@@ -161,6 +161,9 @@ class Tuner:
         self.space_name, self.scheduler, self.storage = space_name, scheduler, storage
         self.progress = progress or (lambda event: None)
         self.target_kind = target.split(":")[0]
+        # CPU threads the plans are measured on, logged with each: the plan that wins depends on
+        # it (norm_chain's: faster than TVM's on two threads, slower on one)
+        self.threads = None if "cuda" in target else (getattr(measurer, "threads", 0) or cpu_threads())
         self.model = XGBCostModel(min_samples=config.min_train_samples, seed=config.seed)
         self.measured: dict[str, Measurement] = {}
         self.kernel_s: dict[str, float] = {}  # kernel hash -> latency, this target/scheduler
@@ -325,8 +328,7 @@ class Tuner:
                 **asdict(config or getattr(self.measurer, "config", MeasureConfig())),
                 "reference": "unfused plan, same target, same random inputs",
                 "tolerances": {dt: list(tolerance(dt)) for dt in sorted({n.dtype for n in self.w.graph.nodes})},
-                # the plan that wins depends on it (norm_chain's: faster on two threads, slower on one)
-                **({"threads": getattr(self.measurer, "threads", 0) or cpu_threads()} if "cuda" not in self.target else {}),
+                **({"threads": self.threads} if self.threads else {}),
             },
             role=role,
             trial=trial,

@@ -212,3 +212,14 @@ def test_tune_fails_loudly_when_no_plan_runs(tmp_path):
     assert result.exit_code == 1, result.output
     assert "no plan of" in result.stderr and "runtime_error" in result.stderr
     assert TuningLog(tmp_path / "logs").records()  # the failures are kept
+
+
+def test_tune_names_the_size_of_its_search_space(model_dir, tmp_path):
+    from autofuse.space import SearchSpace
+    from autofuse.workload import prepare
+
+    space = SearchSpace(prepare(model_dir / "transformer_block.onnx").graph)
+    result = invoke("tune", model_dir / "transformer_block.onnx", "--strategy", "rules", "--log-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # rich wraps lines at the terminal's width
+    assert f"{len(space)} fusion decisions ({len(space.tied)} search parameters)" in text
