@@ -68,6 +68,15 @@ COSTLY_PARALLEL_WORK = 1 << 15
 # a reduction of a whole tensor to one value runs in parallel chunks from this many elements
 MIN_WHOLE_REDUCTION = 1 << 14
 WHOLE_CHUNKS = 16
+# the most characters of TIR a block's body may print in once a stage is inlined into it.
+# Inlining copies a stage's expression into every place its consumer reads it; down a chain
+# whose values are each read twice (RWKV's recurrence unrolled: the max of two running sums,
+# exps of their differences) the copies double at every link. RWKV's all-fusions plan had six
+# kernels of 1.6-1.9 MB of TIR, 8-11 s each to lower, 92 s to build in all (60 s with the
+# bound, the same latency); norm_chain's all-fusions kernel, whose fast_exp reads its input 18
+# times, 229 -> 46 KB and 638 -> 421 us alone. Such a stage stays a block of its own. No other
+# kernel of the benchmark models' seed plans changes (their largest body: 11 KB, GPT-2's).
+MAX_INLINED_CHARS = 1 << 16
 
 
 def _names(text: str, var: str) -> bool:
@@ -1358,7 +1367,6 @@ def _map_blocks(func: tirx.PrimFunc, fn: Callable[[s_tir.SBlock], s_tir.SBlock])
 
 def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.PrimFunc | None:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline
 
     sch = new_schedule(func)
     infos = normalize_prim_func(sch)
@@ -1385,7 +1393,7 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
     # output pixel of each convolution: a 32x128x24 one 2.10 -> 0.26 ms, timed alone)
     kept = pads + [i for i in infos if i not in pads and i not in vector_pads and not _is_copy(sch, i.block_rv)
                    and (_feeds_product(sch, i.block_rv) or _read_broadcast(sch, i.block_rv))]
-    infos = kept + try_inline(sch, [i for i in infos if i not in kept])
+    infos = kept + _try_inline(sch, [i for i in infos if i not in kept])
     anchors: dict[str, s_tir.schedule.LoopRV] = {}
     for info in infos:
         block = info.block_rv
@@ -1418,6 +1426,54 @@ def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.Pri
                     anchors[sch.get(inside).name_hint] = par
     _tile_buffers_local(sch, anchors)
     return _insert_prefetches(sch.mod["main"]).with_attr(SCHEDULED_ATTR, True)
+
+
+def _try_inline(sch: s_tir.Schedule, infos: list) -> list:
+    """DLight's try_inline (inline blocks into their consumers, else their producers into
+    them, until none is left that TIR accepts; returns the rest), each inlining bounded by
+    MAX_INLINED_CHARS."""
+    too_big: set[tuple[str, bool]] = set()  # for good: inlining only ever grows the blocks
+
+    def trial(inline: Callable, reverse: bool) -> int | None:
+        for k, info in enumerate(infos):
+            key = (sch.get(info.block_rv).name_hint, reverse)
+            if key in too_big:
+                continue
+            if not _inline_fits(sch, info.block_rv, reverse):
+                too_big.add(key)
+                continue
+            try:
+                inline(info.block_rv)
+            except _REFUSED:
+                continue
+            return k
+        return None
+
+    while True:
+        k = trial(sch.compute_inline, False)
+        if k is None:
+            k = trial(sch.reverse_compute_inline, True)
+        if k is None:
+            return infos
+        infos.pop(k)
+
+
+def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: bool = False) -> bool:
+    """Whether inlining `block` (into its consumers; with `reverse`, into its producer) leaves
+    every block it joins within MAX_INLINED_CHARS of TIR: each read of the producer's buffer
+    in the consumer becomes a copy of the producer's expression."""
+    blk = sch.get(block)
+    pairs = ([(blk, sch.get(p)) for p in sch.get_producers(block)] if reverse
+             else [(sch.get(c), blk) for c in sch.get_consumers(block)])
+    for consumer, producer in pairs:
+        if len(producer.writes) != 1:
+            continue
+        text = _body_text(consumer.body)
+        name = re.escape(producer.writes[0].source.name)
+        reads = len(re.findall(rf"(?<![\w.]){name}\[", text))
+        if reads and len(text) + reads * len(_body_text(producer.body)) > MAX_INLINED_CHARS:
+            return False
+    return True
 
 
 def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> None:
@@ -1564,7 +1620,8 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     # elementwise stages with one consumer fold into it; one read by several (softmax's exp) is
     # computed once per row instead of once per reader
     for b in blocks[:-1]:
-        if not _is_reduction(sch, b) and not _is_padding(sch, b) and len(sch.get_consumers(b)) == 1:
+        if (not _is_reduction(sch, b) and not _is_padding(sch, b) and len(sch.get_consumers(b)) == 1
+                and _inline_fits(sch, b)):
             try:
                 sch.compute_inline(b)
             except _REFUSED:
@@ -1730,18 +1787,33 @@ def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return False
 
 
-_COSTLY_BODIES: dict[int, bool] = {}
-
-
 def _computes_costly(body: tirx.Stmt) -> bool:
-    """Whether a block body names one of _COSTLY. Printing TIR is slow and the same bodies
-    are read again for every block whose producers they are, so the answer is kept by the
-    body's structural hash."""
-    key = tvm_ffi.structural_hash(body)
-    if key not in _COSTLY_BODIES:
-        text = str(body)
-        _COSTLY_BODIES[key] = any(op in text for op in _COSTLY)
-    return _COSTLY_BODIES[key]
+    """Whether a block body names one of _COSTLY."""
+    text = _body_text(body)
+    return any(op in text for op in _COSTLY)
+
+
+class _BodyTexts:
+    """Block bodies as printed TIR. Printing is slow and the same bodies are read again for
+    every block whose producers or consumers they are, so each text is kept by the body's
+    structural hash, up to `limit` characters in all (then all forgotten)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.texts: dict[int, str] = {}
+        self.chars = 0
+
+    def __call__(self, body: tirx.Stmt) -> str:
+        key = tvm_ffi.structural_hash(body)
+        if key not in self.texts:
+            if self.chars >= self.limit:
+                self.texts, self.chars = {}, 0
+            self.texts[key] = str(body)
+            self.chars += len(self.texts[key])
+        return self.texts[key]
+
+
+_body_text = _BodyTexts(1 << 24)
 
 
 def _domain(blk: object) -> int:

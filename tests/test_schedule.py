@@ -1457,3 +1457,34 @@ except Exception as err:
     lines = out.stdout.split("\n")
     assert int(next(x for x in lines if x.startswith("unwrapped")).split()[1]) > 40
     assert "same True" in lines and any(x.startswith("refused") for x in lines)
+
+
+def test_inlining_stops_where_copies_of_a_stage_would_swamp_the_kernel():
+    # each stage reads the one before twice: inlined all the way, the last block would hold
+    # 2^14 copies of the first stage's expression (RWKV's recurrence, fused whole: six kernels of
+    # 1.6-1.9 MB of TIR, 8-11 s each to lower); stages past the bound stay blocks of their own
+    from tvm import te
+
+    from autofuse.schedule import MAX_INLINED_CHARS
+
+    def step(s: te.Tensor, k: int) -> te.Tensor:
+        return te.compute((4, 64), lambda i, j: s[i, j] * (s[i, j] - 0.5), name=f"s{k}")
+
+    x = te.placeholder((4, 64), name="x")
+    stage = x
+    for k in range(14):
+        stage = step(stage, k)
+    func = te.create_prim_func([x, stage])
+    scheduled = schedule_cpu(func, lanes=8, acc=12)
+    text = scheduled.script()
+    blocks = re.findall(r'T\.sblock\("s\d+"', text)
+    assert 1 < len(blocks) < 14  # some stages inlined, not all
+    assert len(text) < 4 * MAX_INLINED_CHARS
+    lib = tvm.tirx.build(tvm.IRModule({"main": scheduled}), target=build.make_target("llvm"))
+    feed = np.random.default_rng(0).uniform(-0.4, 0.1, (4, 64)).astype("float32")
+    want = feed.astype("float64")
+    for _ in range(14):
+        want = want * (want - 0.5)
+    out = tvm.runtime.tensor(np.zeros((4, 64), "float32"))
+    lib["main"](tvm.runtime.tensor(feed), out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-6)
