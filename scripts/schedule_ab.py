@@ -8,6 +8,11 @@ into one library and timed alternately (median over ROUNDS, default 5; 2 threads
     python scripts/schedule_ab.py dump NEW_DIR MODEL.onnx all [name:1x1x64x256 ...]  # at the new one
     TVM_NUM_THREADS=2 python scripts/schedule_ab.py time OLD_DIR NEW_DIR [--cold]
 
+`seeds` instead of `all` dumps the kernels of TVM's plan and of the seed plans the tuner starts
+from (SearchSpace.plus_kinds: its +horizontal, +anchors, ..., all_fused), each file named by
+the kernel and a hash of its unscheduled TIR (the same kernel in several plans once); `diff -rq
+OLD_DIR NEW_DIR` then names the kernels a change of the schedules touched (kernels v36).
+
 (`PYTHONPATH=OLD_CHECKOUT python scripts/schedule_ab.py dump ...` dumps with another commit's
 code; the inputs fix a model's dynamic dimensions as `autofuse tune --input` does.)
 """
@@ -21,10 +26,19 @@ if sys.argv[1] == "dump":
     out, model, names = sys.argv[2], sys.argv[3], sys.argv[4]
     os.makedirs(out, exist_ok=True)
     w = prepare(model, [InputSpec.parse(spec) for spec in sys.argv[5:]])
-    fused, _ = fuse(w.mod, w.graph, w.tvm_default())
-    ks = {gv.name_hint: f for gv, f in unscheduled_kernels(fused).items()}
+    plans = [w.tvm_default()]
+    if names == "seeds":
+        import hashlib
+        from autofuse.space import SearchSpace, load_limits
+        plans += SearchSpace(w.graph, load_limits()[1]).plus_kinds(plans[0])
+    ks = {}
+    for plan in plans:
+        fused, _ = fuse(w.mod, w.graph, plan)
+        for gv, f in unscheduled_kernels(fused).items():
+            tag = "-" + hashlib.sha256(f.script().encode()).hexdigest()[:12] if names == "seeds" else ""
+            ks[gv.name_hint + tag] = f
     bits = vector_bits(make_target("llvm"))  # this machine's vectors, as the measurement worker
-    for n in (ks if names == "all" else names.split(",")):
+    for n in (ks if names in ("all", "seeds") else names.split(",")):
         s = next(schedule_candidates(ks[n], vector_lanes(ks[n], bits), accumulators(bits)), ks[n])
         open(f"{out}/{n}.py", "w").write(s.script())
     sys.exit()
