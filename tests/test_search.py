@@ -219,13 +219,18 @@ def test_search_measures_the_plan_composed_from_kernel_times(transformer, tmp_pa
     seeds = [r.measurement["median_s"] for r in recs if r.role == "seed"]
     composed = [r for r in recs if r.role == "composed"]
     assert len(seeds) >= 6 and composed
-    # in the round after the seeds' (which also measured the sampler's first picks)
-    assert recs.index(composed[0]) <= len(seeds) + TuneConfig().measure_per_batch
+    # right after the seeds, before any of the sampler's picks
+    assert recs.index(composed[0]) == len(seeds)
     assert min(r.measurement["median_s"] for r in composed) < min(seeds)
     space = SearchSpace(transformer.graph)
     before = recs[: recs.index(composed[0])]
     kernel_s = {g: fake.group_s(g) for r in before for g in map(tuple, (x["nodes"] for x in r.groups))}
     assert composed[0].plan_key == space.compose(transformer.tvm_default(), kernel_s).key
+    # so a budget of one trial past the seeds is spent on it
+    tight = TuningLog(tmp_path / "tight")
+    Tuner(transformer, "llvm", FakeMeasurer(transformer.graph), tight,
+          TuneConfig(trials=len(seeds) + 1, finalize=False)).run()
+    assert [r.role for r in tight.records()] == ["seed"] * len(seeds) + ["composed"]
 
 
 def test_search_compares_plans_through_the_host_s_slow_spells(transformer, tmp_path):
