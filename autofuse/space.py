@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +224,56 @@ class SearchSpace:
                 continue
             groups = (groups - parts) | {group}
             owner.update(dict.fromkeys(group, group))
+
+    def probe(self, base: FusionPlan, timed: Collection[tuple[int, ...]],
+              gain: Callable[[list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]], list[float]] | None = None,
+              name: str = "probe") -> FusionPlan | None:
+        """`base` with as many untimed merges of two of its groups as fit in one legal plan.
+
+        A kernel's time depends on its group only, and measuring a plan times each of its
+        kernels, so one plan can time many candidate merges at once; `compose` then takes those
+        that paid. Candidates are pairs of `base`'s groups joined by a decision, both parts in
+        `timed`, the union not; they are taken greedily in the order of `gain` (called with
+        (part, part, union) triples; the cost model's predicted saving), else in decision
+        order, each group in at most one merge, skipping any that breaks a legality rule. None
+        when no candidate is left."""
+        group_of = base.group_of()
+        pairs: dict[tuple[int, ...], tuple[int, int]] = {}
+        for d in self.decisions:
+            ga, gb = group_of[d.a], group_of[d.b]
+            if ga == gb:
+                continue
+            a, b = base.groups[ga], base.groups[gb]
+            union = tuple(sorted(a + b))
+            if union in timed or union in pairs or a not in timed or b not in timed:
+                continue
+            try:
+                check_group(self.graph, union, self.limits)
+            except IllegalPlanError:
+                continue
+            pairs[union] = (ga, gb)
+        if not pairs:
+            return None
+        order = list(pairs)
+        if gain is not None:
+            gains = gain([(base.groups[pairs[u][0]], base.groups[pairs[u][1]], u) for u in order])
+            order = [u for _, u in sorted(zip(gains, order), key=lambda gu: -gu[0])]
+        used: set[int] = set()
+        groups = set(base.groups)
+        for union in order:
+            ga, gb = pairs[union]
+            if ga in used or gb in used:
+                continue
+            merged = (groups - {base.groups[ga], base.groups[gb]}) | {union}
+            try:
+                validate(self.graph, FusionPlan.from_groups(merged), self.limits)
+            except IllegalPlanError:  # a cycle through another group, with the merges taken before
+                continue
+            groups = merged
+            used |= {ga, gb}
+        if not used:
+            return None
+        return self.decode(self.encode(FusionPlan.from_groups(groups)), name)
 
 
 class _PlanBuilder:

@@ -69,6 +69,12 @@ def device_fingerprint(target: str) -> str:
     return f"{model} x{os.cpu_count()}"
 
 
+# roles of the records that are the tuner's trials (the study's measured plans), in the
+# order a run makes them first: its seeds, plans composed from kernel times, probes timing new
+# kernels for the next composition, the sampler's picks, the cost model's picks (--strategy model)
+TRIAL_ROLES = ("seed", "composed", "probe", "search", "model")
+
+
 @dataclass(frozen=True)
 class TuningRecord:
     """One measured plan. `measurement` holds measured numbers only; `predicted_s` is the cost
@@ -84,7 +90,7 @@ class TuningRecord:
     groups: list[dict[str, Any]] = field(default_factory=list)  # nodes, kernel, features
     predicted_s: float | None = None
     protocol: dict[str, Any] = field(default_factory=dict)
-    role: str = "search"  # seed | composed | search | model | finalist | best
+    role: str = "search"  # one of TRIAL_ROLES, or finalist | best
     trial: int | None = None
     study: str | None = None
     device: str = ""

@@ -42,6 +42,7 @@ from autofuse.measure import Measurement
 from autofuse.metrics import plan_metrics
 from autofuse.search import TuneConfig
 from autofuse.search import Tuner
+from autofuse.tuning_log import TRIAL_ROLES
 from autofuse.tuning_log import TuningLog
 from autofuse.tuning_log import device_fingerprint
 from autofuse.workload import prepare
@@ -169,7 +170,7 @@ def side_by_side(
 def trial_latencies(records: list[Any]) -> list[float]:
     """The tuner's trials in order, as the tuner compared them (Tuner.value): paired with TVM's
     plan and scaled to its latency in the first paired record, where they were paired."""
-    ms = [Measurement.from_dict(r.measurement) for r in records if r.role in ("seed", "composed", "search")]
+    ms = [Measurement.from_dict(r.measurement) for r in records if r.role in TRIAL_ROLES]
     anchor = next((m.default_s for m in ms if m.default_s), None)
     return [x for x in (m.at_default_s(anchor) for m in ms if m.ok) if x]
 

@@ -233,6 +233,26 @@ def test_search_measures_the_plan_composed_from_kernel_times(transformer, tmp_pa
     assert [r.role for r in tight.records()] == ["seed"] * len(seeds) + ["composed"]
 
 
+def test_search_probes_the_leader_and_composes_from_what_the_probe_timed(transformer, tmp_path):
+    # after the composed plan, the leading plan with untimed merges of two of its groups is
+    # measured, and the next composition takes the probed merges that paid
+    fake = FakeMeasurer(transformer.graph)
+    Tuner(transformer, "llvm", fake, TuningLog(tmp_path), TuneConfig(trials=12, finalize=False)).run()
+    recs = TuningLog(tmp_path).records()
+    roles = [r.role for r in recs]
+    at = roles.index("probe")
+    assert "composed" in roles[:at] and "search" not in roles[:at]
+    leader = min(recs[:at], key=lambda r: r.measurement["median_s"])
+    leader_groups = [tuple(g) for g in leader.plan["groups"]]
+    group_of = {n: i for i, g in enumerate(leader_groups) for n in g}
+    new = [tuple(g) for g in recs[at].plan["groups"] if tuple(g) not in leader_groups]
+    assert new and all(len({group_of[n] for n in g}) == 2 for g in new)
+    seen_before = {tuple(g) for r in recs[:at] for g in r.plan["groups"]}
+    later = next(r for r in recs[at + 1:] if r.role == "composed")
+    assert {tuple(g) for g in later.plan["groups"]} & (set(new) - seen_before)
+    assert later.measurement["median_s"] < leader.measurement["median_s"]
+
+
 def test_search_compares_plans_through_the_host_s_slow_spells(transformer, tmp_path):
     # every second measurement runs 1.6x slower, TVM's plan timed beside it alike: the tuner
     # ranks plans by their ratio to TVM's plan, and scales kernels timed in a spell back

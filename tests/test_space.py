@@ -172,6 +172,60 @@ def test_compose_splits_a_group_slower_than_its_ops_apart(transformer):
     assert slow in space.compose(base, group_s, overhead_s=1e-6).groups  # the overhead outweighs it
 
 
+def _single_merges(space, base):
+    """Every union of two of `base`'s groups joined by a decision that is legal on its own."""
+    group_of, out = base.group_of(), set()
+    for d in space.decisions:
+        a, b = base.groups[group_of[d.a]], base.groups[group_of[d.b]]
+        if a != b:
+            union = tuple(sorted(a + b))
+            try:
+                validate(space.graph, FusionPlan.from_groups([g for g in base.groups if g not in (a, b)] + [union]),
+                         space.limits)
+            except IllegalPlanError:
+                continue
+            out.add(union)
+    return out
+
+
+def test_probe_times_many_untimed_merges_of_the_leader_in_one_legal_plan(transformer):
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    base_of = base.group_of()
+    singles = _single_merges(space, base)
+    timed, probed, probes = set(base.groups), [], 0
+    while (plan := space.probe(base, timed)) is not None:
+        validate(transformer.graph, plan, space.limits)
+        grown = [g for g in plan.groups if g not in base.groups]
+        parts = [{base_of[n] for n in g} for g in grown]
+        # each new kernel is two of the leader's groups, each group in one merge at most
+        assert grown and all(len(p) == 2 for p in parts) and len(set().union(*parts)) == 2 * len(parts)
+        assert not set(grown) & timed  # nothing timed is probed again
+        probed += grown
+        timed |= set(grown)
+        probes += 1
+    # probe after probe, every legal merge is timed, many in each
+    assert set(probed) == singles and len(singles) >= 2 * probes
+    # a merge whose parts are not both timed is no candidate
+    untimed = base.groups[base_of[next(iter(next(iter(singles))))]]
+    assert not any(set(untimed) < set(g) for g in space.probe(base, set(base.groups) - {untimed}).groups
+                   if g not in base.groups)
+
+
+def test_probe_takes_the_merges_with_the_largest_predicted_saving_first(transformer):
+    space = SearchSpace(transformer.graph)
+    base = transformer.tvm_default()
+    base_of = base.group_of()
+    singles = _single_merges(space, base)
+    # a group with two candidate partners: only one merge of it fits in a probe
+    shared = next(g for g in base.groups if sum(set(g) < set(u) for u in singles) >= 2)
+    first, second = [u for u in sorted(singles) if set(shared) < set(u)][:2]
+    for favoured, other in ((first, second), (second, first)):
+        plan = space.probe(base, set(base.groups), lambda merges: [1.0 if u == favoured else 0.0 for _, _, u in merges])
+        assert favoured in plan.groups and other not in plan.groups
+    assert {base_of[n] for n in first} != {base_of[n] for n in second}
+
+
 def test_search_parameters_tie_the_decisions_of_repeated_blocks():
     import random
 
