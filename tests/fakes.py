@@ -45,9 +45,9 @@ class FakeMeasurer:
 
 
 class DriftingMeasurer(FakeMeasurer):
-    """FakeMeasurer on a host whose speed drifts: every second measurement runs `slow` times
-    slower, kernels included, and reports TVM's plan timed beside it in the same spell (as
-    IsolatedMeasurer.pair_with_default does)."""
+    """FakeMeasurer on a host whose speed drifts: every second measurement's plan runs `slow`
+    times slower, and reports TVM's plan timed beside it in the same spell (as
+    IsolatedMeasurer.pair_with_default does); the kernels, timed alone after them, do not."""
 
     def __init__(self, graph: OpGraph, default: FusionPlan, slow: float = 1.6) -> None:
         super().__init__(graph)
@@ -61,6 +61,5 @@ class DriftingMeasurer(FakeMeasurer):
         return replace(
             m,
             latencies_s=tuple(t * spell for t in m.latencies_s),
-            kernel_latencies_s={k: t * spell for k, t in m.kernel_latencies_s.items()},
             default_latencies_s=(self.latency_s(self.default) * spell,) * len(m.latencies_s),
         )
