@@ -393,6 +393,11 @@ class Tuner:
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
         return len(study.get_trials(deepcopy=False, states=states))
 
+    @staticmethod
+    def _waiting(study: optuna.Study) -> int:
+        """Trials queued in the study (seeds, composed plans, probes) that no worker has asked yet."""
+        return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
     def _run_search(self) -> None:
         study = open_study(self.storage, self.log.dir, self.study_name, self.cfg.seed)
         self._fail_orphans(study)
@@ -438,14 +443,17 @@ class Tuner:
         merge at a time, each trial timing many. One probe per leader; when its merges did not
         pay, the sampler's picks follow. Swin, 12 trials: the sampler's first picks ran
         167-255 us where TVM's plan ran 164 and the composed ones 140-145."""
-        if not self.composed or any(k not in self.measured for k in self.queued):
+        if not self.composed or self._waiting(study):
             return
         best = self._fastest(1)
-        if not best or best[0] in self._probed or best[0] not in self.plans:
+        if not best or best[0] in self._probed:
             return
         self._probed.add(best[0])
+        leader = self.plans.get(best[0]) or next((p for p in self._known_plans() if p.key == best[0]), None)
+        if leader is None:
+            return
         timed = {g for g, k in self.group_kernel.items() if k in self.kernel_s}
-        plan = self.space.probe(self.plans[best[0]], timed, self._merge_gains if self.model.ready else None)
+        plan = self.space.probe(leader, timed, self._merge_gains if self.model.ready else None)
         if plan is not None and plan.key not in self.measured and plan.key not in self.queued:
             self.probes[plan.key] = plan
             self._enqueue(study, plan)
@@ -500,7 +508,7 @@ class Tuner:
         # sampler spent two trials on its first, near-random picks (133 parameters before any
         # model) ahead of the composed plan (Swin, 8 trials: 217 and 199 us measured, the
         # composed plan, 140 us against TVM's 164, never)
-        queued = sum(k not in self.measured for k in self.queued)
+        queued = self._waiting(study)
         batch = self.cfg.screen_batch if self.model.ready else 1
         asked = [self._ask(study) for _ in range(max(1, min(queued, room) if queued else min(batch, room * 4)))]
         fresh: list[tuple[optuna.Trial, FusionPlan]] = []
