@@ -184,7 +184,6 @@ class Tuner:
         self.composed: dict[str, FusionPlan] = {}  # plans SearchSpace.compose made from kernel times
         self.probes: dict[str, FusionPlan] = {}  # plans SearchSpace.probe made to time new kernels
         self._probed: set[str] = set()  # the leading plans a probe was made from
-        self.plans: dict[str, FusionPlan] = {}  # every plan this run measured, by key
         # plans queued in the study by key (_enqueue); the seeds also when a resumed study holds them
         self.queued: dict[str, FusionPlan] = {p.key: p for p in self.seeds}
         self._composed_from: tuple[int, float] | None = None  # what the last composition knew
@@ -304,7 +303,6 @@ class Tuner:
         self._load_history()  # learns our record, and any other worker's appended meanwhile
         if role in TRIAL_ROLES:
             self.measured[plan.key] = m
-            self.plans[plan.key] = plan
         value = self.value(m)
         if m.ok and predicted is not None and role == "search":
             self.predictions.append((predicted, value or 0.0))
@@ -449,7 +447,7 @@ class Tuner:
         if not best or best[0] in self._probed:
             return
         self._probed.add(best[0])
-        leader = self.plans.get(best[0]) or next((p for p in self._known_plans() if p.key == best[0]), None)
+        leader = next((p for p in self._known_plans() if p.key == best[0]), None)  # once per leader
         if leader is None:
             return
         timed = {g for g, k in self.group_kernel.items() if k in self.kernel_s}
@@ -504,7 +502,7 @@ class Tuner:
     def _round(self, study: optuna.Study) -> None:
         self._load_history()  # plans other workers measured meanwhile are cache hits
         room = self.cfg.trials - self._study_measured(study)
-        # seeds and composed plans still queued are asked alone: a batch that also asked the
+        # seeds, composed plans and probes still queued are asked alone: a batch that also asked the
         # sampler spent two trials on its first, near-random picks (133 parameters before any
         # model) ahead of the composed plan (Swin, 8 trials: 217 and 199 us measured, the
         # composed plan, 140 us against TVM's 164, never)
