@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -158,7 +159,7 @@ class IsolatedMeasurer:
     resource_limits: ResourceLimits = field(default_factory=ResourceLimits)
     pair_with_default: bool = False
     _worker: _Worker | None = None
-    _module_path: str | None = None
+    _work_dir: str | None = None  # the workload's JSON, and what its workers share (worker.serve)
 
     def measure(
         self,
@@ -339,9 +340,9 @@ class IsolatedMeasurer:
         if self._worker is not None and self._worker.process.poll() is None:
             return self._worker
         self._kill()
-        if self._module_path is None:
-            fd, self._module_path = tempfile.mkstemp(prefix="autofuse-", suffix=".json")
-            with os.fdopen(fd, "w") as fh:
+        if self._work_dir is None:
+            self._work_dir = tempfile.mkdtemp(prefix="autofuse-")
+            with open(os.path.join(self._work_dir, "module.json"), "w") as fh:
                 fh.write(self.workload.to_json())
         # a fresh interpreter (not fork, not multiprocessing's spawn, which re-imports the
         # caller's __main__), talking over a socket pair that TVM's own prints cannot corrupt
@@ -350,7 +351,7 @@ class IsolatedMeasurer:
         env["TVM_NUM_THREADS"] = str(self.threads or cpu_threads())
         inputs = json.dumps([asdict(s) for s in self.workload.inputs])
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autofuse.worker", str(theirs.fileno()), self._module_path, inputs],
+            [sys.executable, "-m", "autofuse.worker", str(theirs.fileno()), self._work_dir, inputs],
             pass_fds=[theirs.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
@@ -398,9 +399,9 @@ class IsolatedMeasurer:
 
     def close(self) -> None:
         self.restart()
-        if self._module_path and os.path.exists(self._module_path):
-            os.unlink(self._module_path)
-            self._module_path = None
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
 
     def __enter__(self) -> IsolatedMeasurer:
         return self

@@ -10,6 +10,7 @@ Protocol over a multiprocessing Connection: the parent sends a request dict; the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -68,7 +69,7 @@ def _magnitude(a: np.ndarray) -> float:
 
 
 class _Session:
-    def __init__(self, module_json: str, inputs: list[dict[str, Any]]) -> None:
+    def __init__(self, module_json: str, inputs: list[dict[str, Any]], work_dir: str | None = None) -> None:
         import tvm
 
         from autofuse import tvm_bridge
@@ -81,6 +82,7 @@ class _Session:
         self.feeds = random_inputs(self.specs, seed=0)
         self.compute = compute_dtype(n.dtype for n in self.graph.nodes)
         self.reference: dict[str, list[np.ndarray]] = {}
+        self.work_dir = work_dir  # shared by the workload's workers: the reference outputs
         self.paired: dict[str, Any] = {}  # paired_executable's cache
         self.fastest_paired_s: dict[int, float] = {}  # each paired plan's fastest median in this worker
 
@@ -104,10 +106,26 @@ class _Session:
     def ref_outputs(self, target_spec: str) -> list[np.ndarray]:
         from autofuse import build
 
-        if target_spec not in self.reference:
-            # the reference is the unfused model with TVM's plain loop nests: no schedule to trust
-            ex, target, _, _, _ = self.compile([[n] for n in range(len(self.graph))], target_spec, "none")
-            self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
+        if target_spec in self.reference:
+            return self.reference[target_spec]
+        # computed once per workload, not once per worker: every decision round starts a fresh
+        # worker (BERT: 1.2 s of a 5 s round)
+        saved = None
+        if self.work_dir is not None:
+            digest = hashlib.sha1(target_spec.encode()).hexdigest()[:12]
+            saved = os.path.join(self.work_dir, f"reference-{digest}.npz")
+        if saved is not None and os.path.exists(saved):
+            with np.load(saved) as npz:
+                self.reference[target_spec] = [npz[f"out{k}"] for k in range(len(npz.files))]
+            return self.reference[target_spec]
+        # the reference is the unfused model with TVM's plain loop nests: no schedule to trust
+        ex, target, _, _, _ = self.compile([[n] for n in range(len(self.graph))], target_spec, "none")
+        self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
+        # numpy's own types only: an .npz turns ml_dtypes' bfloat16 into raw bytes ('V2')
+        if saved is not None and all(y.dtype.isbuiltin == 1 for y in self.reference[target_spec]):
+            part = f"{saved}.{os.getpid()}.npz"  # written whole, then renamed: never read half-written
+            np.savez(part, **{f"out{k}": y for k, y in enumerate(self.reference[target_spec])})
+            os.replace(part, saved)
         return self.reference[target_spec]
 
     def time_paired(self, ex: Any, paired: Any, dev: Any, config: Any) -> tuple[list[float], list[float]]:
@@ -360,13 +378,13 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {msg}"[:500]
 
 
-def serve(conn: Connection, module_json_path: str, inputs: list[dict[str, Any]]) -> None:
-    """Load the workload once, then answer requests until told to stop."""
+def serve(conn: Connection, work_dir: str, inputs: list[dict[str, Any]]) -> None:
+    """Load the workload (work_dir/module.json) once, then answer requests until told to stop."""
     from autofuse.tvm_bridge import skip_schedule_type_checks
 
     skip_schedule_type_checks()
-    with open(module_json_path) as fh:
-        session = _Session(fh.read(), inputs)
+    with open(os.path.join(work_dir, "module.json")) as fh:
+        session = _Session(fh.read(), inputs, work_dir)
     conn.send(("ready", None))
     while True:
         try:
@@ -391,4 +409,8 @@ if __name__ == "__main__":
     import json
     import sys
 
+    # tvm_ffi imports torch when it is installed (for DLPack exchange, which the worker never
+    # does): 2.1 s of the worker's 3.7 s start here, paid again by every decision round's fresh
+    # worker. Marked absent, `import torch` raises ImportError, which tvm_ffi expects
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
     serve(Connection(int(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3]))

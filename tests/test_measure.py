@@ -3,6 +3,7 @@
 import os
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,27 @@ def test_rounds_run_in_fresh_workers(mlp):
         old = m._worker.process
         m.restart()
         assert m._worker is None and old.poll() is not None
+        # the workers shared one computation of the reference outputs, kept until close
+        work_dir = m._work_dir
+        assert [p.name[:10] for p in Path(work_dir).iterdir() if p.suffix == ".npz"] == ["reference-"]
+    assert not os.path.exists(work_dir)
+
+
+def test_a_worker_reads_the_reference_outputs_another_computed(mlp, tmp_path):
+    from dataclasses import asdict
+
+    inputs = [asdict(s) for s in mlp.inputs]
+    first = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    want = first.ref_outputs("llvm")
+    second = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the reference was computed again")
+
+    second.compile = no_compile
+    got = second.ref_outputs("llvm")
+    assert len(got) == len(want) and all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want))
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("reference-")] == []
 
 
 def test_build_error_classified(mlp):
