@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
@@ -128,6 +129,16 @@ class _Session:
             os.replace(part, saved)
         return self.reference[target_spec]
 
+    def library_path(self, req: dict[str, Any]) -> str | None:
+        """Where the plan of `req` is kept for the workload's later workers (`_keep_library`),
+        keyed by everything its build depends on; None without a shared work dir. Kept
+        libraries are dropped when MetaSchedule tunes kernels (`_tune_kernels`): the database
+        they were built from changed."""
+        if self.work_dir is None:
+            return None
+        key = json.dumps([req["groups"], req["target"], req.get("scheduler"), req.get("database")])
+        return os.path.join(self.work_dir, "plans", hashlib.sha1(key.encode()).hexdigest()[:16] + ".so")
+
     def time_paired(self, ex: Any, paired: Any, dev: Any, config: Any) -> tuple[list[float], list[float]]:
         """A plan's samples and those of the plan paired with it, taken in turns; timed once more
         when the paired plan ran decision.SLOW_SPELL times slower than its fastest in this
@@ -194,28 +205,43 @@ def handle(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str
     return out
 
 
-def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -> tuple[dict[str, Any], Any]:
+def _build_and_check(
+    session: _Session, req: dict[str, Any], conn: Connection, keep: bool = False
+) -> tuple[dict[str, Any], Any]:
     """Build one plan and check its outputs against the unfused model. Returns (result, None)
     when there is nothing to time (a failure, a build-only target, an export), else (result,
-    (executable, device, its kernels as compiled, kernel names, target))."""
+    (executable, device, its kernels as compiled, kernel names, target)). With `keep`, the
+    library is exported for the workload's later workers and the exported one is timed (see
+    `_kept_library`; kernels as compiled and their names are then None)."""
     from autofuse import build
     from autofuse.schedule import static_buffers
 
     conn.send(("stage", "build"))
     t0 = time.perf_counter()
-    try:
-        ex, target, fused, compiled, kernels = session.compile(
-            req["groups"], req["target"], req.get("scheduler"), req.get("database")
-        )
-    except Exception as err:
-        return {"status": "build_error", "error": _short(err)}, None
-    out: dict[str, Any] = {"status": "ok", "compile_s": time.perf_counter() - t0}
-    out["kernels"] = [build.kernel_hash(fused, k) for k in kernels]
-    if target.kind.name == "cuda":
-        over = _gpu_resources(ex, target, kernels, out, req.get("resource_limits"))
-        if over:
-            out.update(status="over_limit", rule="resources", error="; ".join(over[:3]))
-            return out, None
+    path = session.library_path(req) if keep else None
+    kept = _kept_library(path, req, t0) if path else None
+    if kept is not None:
+        out, ex, target = kept
+        compiled = kernels = None
+    else:
+        try:
+            ex, target, fused, compiled, kernels = session.compile(
+                req["groups"], req["target"], req.get("scheduler"), req.get("database")
+            )
+        except Exception as err:
+            return {"status": "build_error", "error": _short(err)}, None
+        out = {"status": "ok", "compile_s": time.perf_counter() - t0}
+        out["kernels"] = [build.kernel_hash(fused, k) for k in kernels]
+        if target.kind.name == "cuda":
+            over = _gpu_resources(ex, target, kernels, out, req.get("resource_limits"))
+            if over:
+                out.update(status="over_limit", rule="resources", error="; ".join(over[:3]))
+                return out, None
+        if path:
+            try:
+                ex = _keep_library(ex, path, out)
+            except Exception:  # no linker here, a full disk: timed as built, nothing kept
+                pass
     if req.get("export_to"):  # a batch for another machine: the library and its kernels' buffers
         ex.export_library(req["export_to"])
         out["kernel_params"] = {  # what the runner times each kernel alone on
@@ -242,6 +268,43 @@ def _build_and_check(session: _Session, req: dict[str, Any], conn: Connection) -
     return out, (ex, dev, compiled, kernels, target)
 
 
+def _kept_library(path: str, req: dict[str, Any], t0: float) -> tuple[dict[str, Any], Any, Any] | None:
+    """(build result, loaded library, target) of a plan an earlier worker of this workload built
+    and kept at `path`, or None."""
+    import tvm
+
+    from autofuse import build
+
+    if not os.path.exists(path + ".json"):
+        return None
+    try:
+        with open(path + ".json") as fh:
+            out = json.load(fh)
+        lib = tvm.runtime.load_module(path)
+    except Exception:  # unreadable: the plan is built again
+        return None
+    out["compile_s"] = time.perf_counter() - t0  # what this worker spent: loading it
+    return out, lib, build.make_target(req["target"])
+
+
+def _keep_library(ex: Any, path: str, out: dict[str, Any]) -> Any:
+    """Export a plan's library to `path` for the workload's later workers, and return it loaded:
+    the decision rounds build the same plans in a fresh worker each (BERT: 0.57 s to compile a
+    plan, 0.3 s to export it once, 0.01 s to load), and every round, the first included, times
+    the same machine code, the kind a deployment runs (`autofuse apply` exports a library).
+    Written whole and then renamed, the result last: a library is never read half-written."""
+    import tvm
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    part = f"{path}.{os.getpid()}"
+    ex.export_library(part + ".so")
+    os.replace(part + ".so", path)
+    with open(part + ".json", "w") as fh:
+        json.dump(out, fh)
+    os.replace(part + ".json", path + ".json")
+    return tvm.runtime.load_module(path)
+
+
 def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
     """Build and check several plans, then time those that ran correctly in turns
     (build.time_interleaved): the k-th samples of all plans are neighbours in time. With
@@ -253,7 +316,8 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
 
     results, timed = [], []
     for groups in req["plans"]:
-        out, built = _build_and_check(session, {**req, "groups": groups}, conn)
+        # decision rounds: the same plans, each round in a fresh worker
+        out, built = _build_and_check(session, {**req, "groups": groups}, conn, keep=not req.get("time_groups"))
         results.append(out)
         if built is not None:
             timed.append((out, built))
@@ -324,6 +388,8 @@ def _tune_kernels(session: _Session, req: dict[str, Any], conn: Connection) -> d
         plan = FusionPlan.from_groups(req["groups"])
         fused, _ = apply.fuse(session.mod, session.graph, plan)
         n = build.tune_kernels(fused, target, req["database"], req["trials"], req.get("seed", 0))
+        if n and session.work_dir is not None:  # built from the database before these records
+            shutil.rmtree(os.path.join(session.work_dir, "plans"), ignore_errors=True)
     except Exception as err:
         return {"status": "build_error", "error": _short(err)}
     return {"status": "ok", "tuned_kernels": n, "tuning_s": time.perf_counter() - t0}

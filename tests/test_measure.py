@@ -81,6 +81,7 @@ def test_rounds_run_in_fresh_workers(mlp):
         # the workers shared one computation of the reference outputs, kept until close
         work_dir = m._work_dir
         assert [p.name[:10] for p in Path(work_dir).iterdir() if p.suffix == ".npz"] == ["reference-"]
+        assert len(list((Path(work_dir) / "plans").glob("*.so"))) == 2  # and each plan's one build
     assert not os.path.exists(work_dir)
 
 
@@ -99,6 +100,34 @@ def test_a_worker_reads_the_reference_outputs_another_computed(mlp, tmp_path):
     got = second.ref_outputs("llvm")
     assert len(got) == len(want) and all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want))
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("reference-")] == []
+
+
+def test_a_decision_round_loads_the_plans_an_earlier_worker_built(mlp, tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from autofuse import build
+
+    inputs = [asdict(s) for s in mlp.inputs]
+    req = {**_request(mlp.tvm_default()), "database": None}
+    first = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    built, (ex, *_) = worker._build_and_check(first, req, _Conn(), keep=True)
+    assert built["status"] == "ok" and os.path.exists(first.library_path(req))
+    assert type(ex).__name__ == "Module"  # the exported library is what gets timed, as deployed
+    second = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the plan was compiled again")
+
+    second.compile = no_compile
+    loaded, timed = worker._build_and_check(second, req, _Conn(), keep=True)
+    assert loaded["status"] == "ok" and loaded["kernels"] == built["kernels"] and timed is not None
+    assert loaded["max_abs_err"] < 1e-5
+    # another scheduler, another plan: built, not loaded
+    assert second.library_path({**req, "scheduler": "none"}) != second.library_path(req)
+    # kernels newly tuned by MetaSchedule: what was kept is built again
+    monkeypatch.setattr(build, "tune_kernels", lambda *a, **k: 1)
+    tuned = worker._tune_kernels(second, {**req, "database": str(tmp_path / "db"), "trials": 1}, _Conn())
+    assert tuned["status"] == "ok" and not os.path.exists(second.library_path(req))
 
 
 def test_build_error_classified(mlp):
