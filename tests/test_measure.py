@@ -128,6 +128,10 @@ def test_a_decision_round_loads_the_plans_an_earlier_worker_built(mlp, tmp_path,
     monkeypatch.setattr(build, "tune_kernels", lambda *a, **k: 1)
     tuned = worker._tune_kernels(second, {**req, "database": str(tmp_path / "db"), "trials": 1}, _Conn())
     assert tuned["status"] == "ok" and not os.path.exists(second.library_path(req))
+    # a workload of large weights is compiled in every round: its library would hold them
+    monkeypatch.setattr(worker, "KEEP_LIBRARIES_BELOW", len(mlp.to_json()))
+    large = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    assert large.library_path(req) is None and worker._build_and_check(large, req, _Conn(), keep=True)[1]
 
 
 def test_build_error_classified(mlp):
