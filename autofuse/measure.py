@@ -159,7 +159,7 @@ class IsolatedMeasurer:
     resource_limits: ResourceLimits = field(default_factory=ResourceLimits)
     pair_with_default: bool = False
     _worker: _Worker | None = None
-    _work_dir: str | None = None  # the workload's JSON, and what its workers share (worker.serve)
+    _work_dir: str | None = None  # the saved workload, and what its workers share (worker.serve)
 
     def measure(
         self,
@@ -342,8 +342,7 @@ class IsolatedMeasurer:
         self._kill()
         if self._work_dir is None:
             self._work_dir = tempfile.mkdtemp(prefix="autofuse-")
-            with open(os.path.join(self._work_dir, "module.json"), "w") as fh:
-                fh.write(self.workload.to_json())
+            self.workload.save(self._work_dir)
         # a fresh interpreter (not fork, not multiprocessing's spawn, which re-imports the
         # caller's __main__), talking over a socket pair that TVM's own prints cannot corrupt
         ours, theirs = socket.socketpair()

@@ -69,29 +69,28 @@ def _magnitude(a: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-# Workloads whose JSON (weights included) is this large or larger are compiled in every decision
-# round rather than exported once and loaded: a library holds the weights. ResNet-50 (127 MB of
-# JSON): compiled in 1.9 s, exported in 2.5 s to 94 MB, loaded in 0.17 s; BERT-base (585 MB):
-# compiled in 1.3 s, exported in 9 s to 435 MB, loaded in 0.7 s, four finalists 1.7 GB of disk
+# Workloads with this many bytes of weights or more are compiled in every decision round rather
+# than exported once and loaded: a library holds the weights. ResNet-50 (94 MB of weights):
+# compiled in 1.9 s, exported in 2.5 s to 94 MB, loaded in 0.17 s; BERT-base (435 MB): compiled
+# in 1.3 s, exported in 9 s to 435 MB, loaded in 0.7 s, four finalists 1.7 GB of disk
 KEEP_LIBRARIES_BELOW = 256 << 20
 
 
 class _Session:
-    def __init__(self, module_json: str, inputs: list[dict[str, Any]], work_dir: str | None = None) -> None:
-        import tvm
-
+    def __init__(self, mod: Any, inputs: list[dict[str, Any]], work_dir: str | None = None) -> None:
         from autofuse import tvm_bridge
         from autofuse.importer import InputSpec
         from autofuse.importer import random_inputs
+        from autofuse.workload import weights_bytes
 
-        self.mod = tvm.ir.load_json(module_json)
+        self.mod = mod
         self.graph = tvm_bridge.extract_graph(self.mod)
         self.specs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in inputs]
         self.feeds = random_inputs(self.specs, seed=0)
         self.compute = compute_dtype(n.dtype for n in self.graph.nodes)
         self.reference: dict[str, list[np.ndarray]] = {}
         self.work_dir = work_dir  # shared by the workload's workers: the reference outputs
-        self.keeps_libraries = work_dir is not None and len(module_json) < KEEP_LIBRARIES_BELOW
+        self.keeps_libraries = work_dir is not None and weights_bytes(work_dir) < KEEP_LIBRARIES_BELOW
         self.paired: dict[str, Any] = {}  # paired_executable's cache
         self.fastest_paired_s: dict[int, float] = {}  # each paired plan's fastest median in this worker
 
@@ -453,12 +452,14 @@ def _short(err: BaseException) -> str:
 
 
 def serve(conn: Connection, work_dir: str, inputs: list[dict[str, Any]]) -> None:
-    """Load the workload (work_dir/module.json) once, then answer requests until told to stop."""
+    """Load the workload (`Workload.save`d in work_dir) once, then answer requests until told to
+    stop."""
     from autofuse.tvm_bridge import skip_schedule_type_checks
 
     skip_schedule_type_checks()
-    with open(os.path.join(work_dir, "module.json")) as fh:
-        session = _Session(fh.read(), inputs, work_dir)
+    from autofuse.workload import load_module
+
+    session = _Session(load_module(work_dir), inputs, work_dir)
     conn.send(("ready", None))
     while True:
         try:

@@ -42,8 +42,32 @@ class Workload:
     def unfused(self) -> FusionPlan:
         return FusionPlan.unfused(self.graph)
 
-    def to_json(self) -> str:
-        return tvm.ir.save_json(self.mod)
+    def save(self, directory: str | Path) -> None:
+        """Write the module for a measurement worker to `load_module`: its structure as TVM's
+        JSON, its weights apart in TVM's binary parameter format (tvm_bridge.detach_weights)."""
+        mod, weights = tvm_bridge.detach_weights(self.mod)
+        Path(directory, MODULE_FILE).write_text(tvm.ir.save_json(mod))
+        if weights:
+            Path(directory, WEIGHTS_FILE).write_bytes(tvm.runtime.save_param_dict(weights))
+
+
+MODULE_FILE = "module.json"
+WEIGHTS_FILE = "weights.params"
+
+
+def load_module(directory: str | Path) -> tvm.IRModule:
+    """The module `Workload.save` wrote to `directory`."""
+    mod = tvm.ir.load_json(Path(directory, MODULE_FILE).read_text())
+    weights = Path(directory, WEIGHTS_FILE)
+    if not weights.exists():
+        return mod
+    return tvm_bridge.attach_weights(mod, dict(tvm.runtime.load_param_dict(weights.read_bytes())))
+
+
+def weights_bytes(directory: str | Path) -> int:
+    """Size of the weights `Workload.save` wrote to `directory` (0 without any)."""
+    weights = Path(directory, WEIGHTS_FILE)
+    return weights.stat().st_size if weights.exists() else 0
 
 
 def workload_key(mod: tvm.IRModule, inputs: Sequence[InputSpec]) -> str:

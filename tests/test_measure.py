@@ -89,9 +89,9 @@ def test_a_worker_reads_the_reference_outputs_another_computed(mlp, tmp_path):
     from dataclasses import asdict
 
     inputs = [asdict(s) for s in mlp.inputs]
-    first = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    first = worker._Session(mlp.mod, inputs, str(tmp_path))
     want = first.ref_outputs("llvm")
-    second = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    second = worker._Session(mlp.mod, inputs, str(tmp_path))
 
     def no_compile(*args, **kwargs):
         raise AssertionError("the reference was computed again")
@@ -102,6 +102,22 @@ def test_a_worker_reads_the_reference_outputs_another_computed(mlp, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("reference-")] == []
 
 
+def test_a_saved_workload_loads_whole_with_its_weights_kept_apart(mlp, tmp_path):
+    import tvm
+    from tvm_ffi import structural_equal
+
+    from autofuse import tvm_bridge
+    from autofuse.workload import load_module
+
+    mlp.save(tmp_path)
+    loaded = load_module(tmp_path)
+    assert structural_equal(loaded, mlp.mod) and tvm_bridge.extract_graph(loaded) == mlp.graph
+    text = (tmp_path / "module.json").read_text()
+    assert len(text) * 2 < len(tvm.ir.save_json(mlp.mod)) and tvm_bridge.WEIGHT_PREFIX in text
+    weights = tvm.runtime.load_param_dict((tmp_path / "weights.params").read_bytes())
+    assert len(weights) == 6 and all(k.startswith(tvm_bridge.WEIGHT_PREFIX) for k in weights)
+
+
 def test_a_decision_round_loads_the_plans_an_earlier_worker_built(mlp, tmp_path, monkeypatch):
     from dataclasses import asdict
 
@@ -109,11 +125,11 @@ def test_a_decision_round_loads_the_plans_an_earlier_worker_built(mlp, tmp_path,
 
     inputs = [asdict(s) for s in mlp.inputs]
     req = {**_request(mlp.tvm_default()), "database": None}
-    first = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    first = worker._Session(mlp.mod, inputs, str(tmp_path))
     built, (ex, *_) = worker._build_and_check(first, req, _Conn(), keep=True)
     assert built["status"] == "ok" and os.path.exists(first.library_path(req))
     assert type(ex).__name__ == "Module"  # the exported library is what gets timed, as deployed
-    second = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    second = worker._Session(mlp.mod, inputs, str(tmp_path))
 
     def no_compile(*args, **kwargs):
         raise AssertionError("the plan was compiled again")
@@ -129,8 +145,9 @@ def test_a_decision_round_loads_the_plans_an_earlier_worker_built(mlp, tmp_path,
     tuned = worker._tune_kernels(second, {**req, "database": str(tmp_path / "db"), "trials": 1}, _Conn())
     assert tuned["status"] == "ok" and not os.path.exists(second.library_path(req))
     # a workload of large weights is compiled in every round: its library would hold them
-    monkeypatch.setattr(worker, "KEEP_LIBRARIES_BELOW", len(mlp.to_json()))
-    large = worker._Session(mlp.to_json(), inputs, str(tmp_path))
+    mlp.save(tmp_path)  # its weights: 6 tensors
+    monkeypatch.setattr(worker, "KEEP_LIBRARIES_BELOW", (tmp_path / "weights.params").stat().st_size)
+    large = worker._Session(mlp.mod, inputs, str(tmp_path))
     assert large.library_path(req) is None and worker._build_and_check(large, req, _Conn(), keep=True)[1]
 
 
@@ -151,7 +168,7 @@ class _Conn:
 def _session(w):
     from dataclasses import asdict
 
-    return worker._Session(w.to_json(), [asdict(s) for s in w.inputs])
+    return worker._Session(w.mod, [asdict(s) for s in w.inputs])
 
 
 def _request(plan):
