@@ -89,7 +89,7 @@ class _Session:
         self.feeds = random_inputs(self.specs, seed=0)
         self.compute = compute_dtype(n.dtype for n in self.graph.nodes)
         self.reference: dict[str, list[np.ndarray]] = {}
-        self.work_dir = work_dir  # shared by the workload's workers: the reference outputs
+        self.work_dir = work_dir  # shared by the workload's workers: reference outputs, libraries
         self.keeps_libraries = work_dir is not None and weights_bytes(work_dir) < KEEP_LIBRARIES_BELOW
         self.paired: dict[str, Any] = {}  # paired_executable's cache
         self.fastest_paired_s: dict[int, float] = {}  # each paired plan's fastest median in this worker
