@@ -916,20 +916,16 @@ class _WeightDetacher(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.params: list[relax.Var] = []
         self.values: list[tvm.runtime.Tensor] = []
-        self._seen: dict[int, list[tuple[object, relax.Var]]] = {}  # one parameter per constant
+        self._seen: dict[relax.Expr, relax.Var] = {}  # one parameter per constant (by identity)
 
     def visit_generic_const_(self, op: relax.Expr) -> relax.Expr:  # noqa: N802 (TVM's name)
         if len(op.value.shape) == 0:
             return op
-        same = self._seen.setdefault(hash(op), [])
-        for seen, var in same:
-            if op.same_as(seen):
-                return var
-        var = relax.Var(f"{WEIGHT_PREFIX}{len(self.params)}", op.ty)
-        same.append((op, var))
-        self.params.append(var)
-        self.values.append(op.value)
-        return var
+        if op not in self._seen:
+            self._seen[op] = relax.Var(f"{WEIGHT_PREFIX}{len(self.params)}", op.ty)
+            self.params.append(self._seen[op])
+            self.values.append(op.value)
+        return self._seen[op]
 
 
 def detach_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, tvm.runtime.Tensor]]:

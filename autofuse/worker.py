@@ -15,8 +15,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,9 +133,8 @@ class _Session:
         self.reference[target_spec] = build.run(ex, build.device_for(target), self.feeds)
         # numpy's own types only: an .npz turns ml_dtypes' bfloat16 into raw bytes ('V2')
         if saved is not None and all(y.dtype.isbuiltin == 1 for y in self.reference[target_spec]):
-            part = f"{saved}.{os.getpid()}.npz"  # written whole, then renamed: never read half-written
-            np.savez(part, **{f"out{k}": y for k, y in enumerate(self.reference[target_spec])})
-            os.replace(part, saved)
+            arrays = {f"out{k}": y for k, y in enumerate(self.reference[target_spec])}
+            _write_whole(saved, lambda part: np.savez(part, **arrays), ".npz")
         return self.reference[target_spec]
 
     def library_path(self, req: dict[str, Any]) -> str | None:
@@ -299,17 +300,21 @@ def _keep_library(ex: Any, path: str, out: dict[str, Any]) -> Any:
     the decision rounds build the same plans in a fresh worker each (BERT: 0.57 s to compile a
     plan, 0.3 s to export it once, 0.01 s to load), and every round, the first included, times
     the same machine code, the kind a deployment runs (`autofuse apply` exports a library).
-    Written whole and then renamed, the result last: a library is never read half-written."""
+    The build result is written last: a library is never read without it."""
     import tvm
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    part = f"{path}.{os.getpid()}"
-    ex.export_library(part + ".so")
-    os.replace(part + ".so", path)
-    with open(part + ".json", "w") as fh:
-        json.dump(out, fh)
-    os.replace(part + ".json", path + ".json")
+    _write_whole(path, ex.export_library, ".so")  # TVM picks the linker by the suffix
+    _write_whole(path + ".json", lambda part: Path(part).write_text(json.dumps(out)))
     return tvm.runtime.load_module(path)
+
+
+def _write_whole(path: str, write: Callable[[str], Any], suffix: str = "") -> None:
+    """`write` a file of the workload's shared work dir under a name of this process's, then
+    rename it to `path`: another worker never reads it half-written."""
+    part = f"{path}.{os.getpid()}{suffix}"
+    write(part)
+    os.replace(part, path)
 
 
 def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) -> dict[str, Any]:
@@ -455,10 +460,9 @@ def serve(conn: Connection, work_dir: str, inputs: list[dict[str, Any]]) -> None
     """Load the workload (`Workload.save`d in work_dir) once, then answer requests until told to
     stop."""
     from autofuse.tvm_bridge import skip_schedule_type_checks
-
-    skip_schedule_type_checks()
     from autofuse.workload import load_module
 
+    skip_schedule_type_checks()
     session = _Session(load_module(work_dir), inputs, work_dir)
     conn.send(("ready", None))
     while True:
