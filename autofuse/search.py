@@ -414,6 +414,7 @@ class Tuner:
                 since_best += self.counts["measured"] - measured_before
             if self.cfg.patience and since_best >= self.cfg.patience:
                 break
+        self._release_unasked(study)
 
     def _enqueue_composed(self, study: optuna.Study) -> None:
         """Once the seeds are measured, and whenever new kernel times change it: TVM's plan with
@@ -470,6 +471,19 @@ class Tuner:
         self.queued[plan.key] = plan
         study.enqueue_trial(self.space.tie(self.space.encode(plan)), user_attrs={"plan_key": plan.key})
 
+    def _release_unasked(self, study: optuna.Study) -> None:
+        """Queued trials still waiting when the run stops (the budget ran out after two composed
+        plans were queued, or another worker took the last trials) are taken, as `study.ask`
+        takes them (another worker may be asking), and pruned: a resumed run would ask them
+        without their plan, which only the queuing process holds, and measure the nearest tied
+        parameters instead. A resumed run composes and queues those plans again."""
+        waiting, running = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+        for t in study.get_trials(deepcopy=False, states=(waiting,)):
+            if study._storage.set_trial_state_values(t._trial_id, running):  # False: another took it
+                study._storage.set_trial_user_attr(t._trial_id, "owner", _owner())
+                study._storage.set_trial_user_attr(t._trial_id, "released", "the run stopped before it was asked")
+                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.PRUNED)
+
     def _fail_orphans(self, study: optuna.Study) -> None:
         # trials left RUNNING by a killed process on this host would never finish
         host = socket.gethostname()
@@ -480,7 +494,7 @@ class Tuner:
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, FusionPlan]:
         trial = study.ask()
-        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        trial.set_user_attr("owner", _owner())
         params = {t: trial.suggest_categorical(t, [False, True]) for t in self.space.tied}
         queued = self.queued.get(trial.user_attrs.get("plan_key", ""))  # a seed or composed plan
         plan = queued or self.space.decode(self.space.untie(params))
@@ -708,6 +722,11 @@ class Tuner:
             res.summary["speedup_vs_tvm_default"] = paired
         self.model.save(self.log.dir / f"cost_model-{self.target.replace(':', '_')}-{self.scheduler}.json")
         return res
+
+
+def _owner() -> str:
+    """Who measures a trial: this host and process (`_fail_orphans` reads it back)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _pid_alive(pid: int) -> bool:

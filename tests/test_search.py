@@ -233,6 +233,27 @@ def test_search_measures_the_plan_composed_from_kernel_times(transformer, tmp_pa
     assert [r.role for r in tight.records()] == ["seed"] * len(seeds) + ["composed"]
 
 
+def test_plans_still_queued_when_the_run_stops_are_released_not_left_waiting(small, tmp_path):
+    # another worker queued two plans as this one's budget ran out, and took one of them: the
+    # other is pruned (a later run would ask it without its plan), the one taken is left alone
+    import optuna
+
+    from autofuse.search import open_study
+
+    tuner = Tuner(small, "llvm", FakeMeasurer(small.graph), TuningLog(tmp_path), TuneConfig(trials=6, finalize=False))
+    tuner.run()
+    study = open_study(None, tmp_path, tuner.study_name, 0)
+    for plan in (small.unfused(), small.tvm_default()):
+        study.enqueue_trial(tuner.space.tie(tuner.space.encode(plan)), user_attrs={"plan_key": plan.key})
+    taken = study.ask()
+    tuner._release_unasked(study)
+    states = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert states[taken.number].state == optuna.trial.TrialState.RUNNING
+    released = [t for t in states.values() if t.user_attrs.get("released")]
+    assert len(released) == 1 and released[0].state == optuna.trial.TrialState.PRUNED
+    assert released[0].user_attrs["owner"] and not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
 def test_search_probes_the_leader_and_composes_from_what_the_probe_timed(transformer, tmp_path):
     # after the composed plan, the leading plan with untimed merges of two of its groups is
     # measured, and the next composition takes the probed merges that paid
