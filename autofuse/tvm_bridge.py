@@ -86,9 +86,16 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
             # batch norms left unfolded become elementwise ops before the layout changes
             # (ConvertLayout crashes on batch_norm's tuple output in TVM 0.27)
             relax.transform.DecomposeOpsForInference(),
-            LayoutFriendlyOps(),
         ]
     )(mod)
+    if _calls_op(mod, "relax.take"):
+        # a take's constant index is often computed in the graph (ONNX's negative indices
+        # wrapped by `where`): folded first. The module changes only where a take became a
+        # slice: every other model keeps its workload key, and the plans logged under it
+        folded = relax.transform.FoldConstant()(mod)
+        sliced = SlicedTakes()(folded)
+        mod = sliced if _calls_op(sliced, "relax.take") < _calls_op(folded, "relax.take") else mod
+    mod = LayoutFriendlyOps()(mod)
     if _calls_op(mod, "relax.nn.conv2d") or _calls_op(mod, "relax.nn.conv1d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
@@ -436,6 +443,53 @@ class _LayoutRewriter(relax.PyExprMutator):
         return self.builder_.normalize(relax.op.reshape(param, [1] * axis + shape + [1] * (ndim - axis - 1)))
 
 
+@relax.expr_functor.mutator
+class _TakeRewriter(relax.PyExprMutator):
+    """take() with constant indices, as the strided slice it reads (see SlicedTakes)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"):
+            return call
+        x, indices = call.args
+        if not isinstance(indices, tvm.ir.expr.Constant) or x.ty.ndim < 1 or x.ty.shape is None:
+            return call
+        axis = int(call.attrs.axis) % x.ty.ndim if call.attrs.axis is not None else None
+        size = getattr(x.ty.shape.values[axis], "value", None) if axis is not None else None
+        picked = indices.value.numpy()
+        if not isinstance(size, int) or picked.ndim > 1 or picked.size == 0:
+            return call
+        if np.any(picked < -size) or np.any(picked >= size):
+            return call  # out of range: left to take's own rule for it (mode)
+        picked = np.where(picked < 0, picked + size, picked).reshape(-1).astype(np.int64)
+        step = int(picked[1] - picked[0]) if picked.size > 1 else 1
+        if step < 1 or np.any(np.diff(picked) != step):
+            return call
+        first, kept = int(picked[0]), indices.value.numpy().ndim == 1
+        shape = [int(d) for d in call.ty.shape.values]
+
+        def sliced(data: tvm.te.Tensor) -> tvm.te.Tensor:  # one injective op (slice + squeeze: two)
+            def element(*i):
+                at = first + step * i[axis] if kept else first
+                return data[(*i[:axis], at, *i[axis + int(kept):])]
+
+            return tvm.te.compute(shape, element, name="T_take")
+
+        return self.builder_.call_te(sliced, x, primfunc_name_hint="take_slice")
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutofuseSlicedTakes")
+class SlicedTakes:
+    """A take() whose indices are constants in steps (`x[:, i]` exported as ONNX Gather, a
+    scan unrolled by the exporter, Mamba's 32 per layer) as a strided slice. TVM marks take
+    opaque: its index is read from a tensor at run time, so FuseOps, and every plan, left each
+    one a kernel of its own (257 of Mamba's 688 kernels, each a VM call of its own); a slice
+    is an injective op that fuses into the kernels that read it."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _rewrite_functions(mod, _TakeRewriter)
+
+
 @tvm.transform.module_pass(opt_level=0, name="AutofuseLayoutFriendlyOps")
 class LayoutFriendlyOps:
     """Ops that ConvertLayout has no rule for in TVM 0.27, rewritten as the elementwise ops they
@@ -567,7 +621,8 @@ class WholeTileRows:
         return _rewrite_functions(mod, _RowPadder)
 
 
-def _calls_op(mod: tvm.IRModule, name: str) -> bool:
+def _calls_op(mod: tvm.IRModule, name: str) -> int:
+    """How many calls of the Relax operator `name` the module's Relax functions hold."""
     found = []
 
     def visit(expr: relax.Expr) -> None:
@@ -577,7 +632,7 @@ def _calls_op(mod: tvm.IRModule, name: str) -> bool:
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    return bool(found)
+    return len(found)
 
 
 @dataclass

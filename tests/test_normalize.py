@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 from autofuse import build
+from autofuse import tvm_bridge
 from autofuse.tvm_bridge import extract_graph
 from autofuse.tvm_bridge import normalize
 
@@ -371,3 +372,27 @@ def test_a_layout_pass_failure_keeps_the_model_channels_first(monkeypatch, tmp_p
     want, got = (build.run(build.build(apply_plan(w.mod, w.graph, w.tvm_default()), target), tvm.cpu(), feeds)
                  for w in (reference, kept))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("indices, axis, sliced", [
+    (3, 1, True), (-1, 2, True), ([2], 1, True), ([1, 3, 5], 2, True), ([-4, -3, -2], 1, True),
+    ([0, 2, 1], 1, False), ([[0, 1]], 1, False), ([4, 4], 2, False)])
+def test_a_take_of_constant_indices_in_steps_is_a_slice_that_fuses(indices, axis, sliced):
+    # `x[:, i]` exported as ONNX Gather, Mamba's scan unrolled into 32 of them a layer: TVM marks
+    # take opaque (its index read at run time), a kernel of its own in every plan (257 of
+    # Mamba's 688); as a slice it fuses into the ops that read it, in TVM's plan too
+    def op(x):
+        picked = relax.op.take(x, relax.const(np.array(indices, "int64")), axis=axis)
+        return relax.op.multiply(picked, relax.const(2.0, "float32"))
+
+    shape = (2, 6, 8)
+    mod = _module(op, shape)
+    normal = normalize(mod)
+    graph = extract_graph(normal)
+    assert any("take_slice" in n.op for n in graph.nodes) == sliced
+    assert all(n.fusable for n in graph.nodes) == sliced
+    groups = tvm_bridge.fuseops_plan(normal, graph).groups
+    assert (len(groups) == 1) == sliced  # the slice and the multiply: one kernel of TVM's plan
+    x = np.random.default_rng(5).standard_normal(shape).astype("float32")
+    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    np.testing.assert_array_equal(got, np.take(x, np.array(indices), axis=axis) * np.float32(2))
