@@ -88,13 +88,14 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
             relax.transform.DecomposeOpsForInference(),
         ]
     )(mod)
-    if _calls_op(mod, "relax.take"):
-        # a take's constant index is often computed in the graph (ONNX's negative indices
-        # wrapped by `where`): folded first. The module changes only where a take became a
-        # slice: every other model keeps its workload key, and the plans logged under it
+    indexing = ("relax.take", "relax.scatter_elements")
+    if _calls_op(mod, *indexing):
+        # constant indices are often computed in the graph (ONNX's negative indices wrapped by
+        # `where`): folded first. The module changes only where an op was rewritten: every
+        # other model keeps its workload key, and the plans logged under it
         folded = relax.transform.FoldConstant()(mod)
-        sliced = SlicedTakes()(folded)
-        mod = sliced if _calls_op(sliced, "relax.take") < _calls_op(folded, "relax.take") else mod
+        rewritten = ConstantIndexing()(folded)
+        mod = rewritten if _calls_op(rewritten, *indexing) < _calls_op(folded, *indexing) else mod
     mod = LayoutFriendlyOps()(mod)
     if _calls_op(mod, "relax.nn.conv2d") or _calls_op(mod, "relax.nn.conv1d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
@@ -443,32 +444,57 @@ class _LayoutRewriter(relax.PyExprMutator):
         return self.builder_.normalize(relax.op.reshape(param, [1] * axis + shape + [1] * (ndim - axis - 1)))
 
 
+def _static_dims(ty: object) -> list[int] | None:
+    """A tensor type's dimensions, or None unless all are known integers."""
+    shape = getattr(ty, "shape", None)
+    dims = [getattr(d, "value", None) for d in shape.values] if getattr(ty, "ndim", -1) >= 1 and shape is not None else []
+    return dims if dims and all(isinstance(d, int) for d in dims) else None
+
+
+def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
+    """Constant indices into an axis of `size`, negative ones counted from its end; None if they
+    are not constants or not all within the axis (left to the op's own rule for those)."""
+    if not isinstance(indices, tvm.ir.expr.Constant):
+        return None
+    picked = indices.value.numpy()
+    if picked.size == 0 or np.any(picked < -size) or np.any(picked >= size):
+        return None
+    return np.where(picked < 0, picked + size, picked).astype(np.int64)
+
+
 @relax.expr_functor.mutator
-class _TakeRewriter(relax.PyExprMutator):
-    """take() with constant indices, as the strided slice it reads (see SlicedTakes)."""
+class _ConstantIndexRewriter(relax.PyExprMutator):
+    """take() and scatter_elements() at constant indices, as the injective ops they compute
+    (see ConstantIndexing)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"):
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
             return call
+        if call.op.name == "relax.take":
+            return self._take(call)
+        if call.op.name == "relax.scatter_elements":
+            return self._scatter(call)
+        return call
+
+    def _take(self, call: relax.Call) -> relax.Expr:
+        """Indices in steps of one or more (a scalar, or a vector): a strided slice, as one op
+        (strided_slice + squeeze would be two)."""
         x, indices = call.args
-        if not isinstance(indices, tvm.ir.expr.Constant) or x.ty.ndim < 1 or x.ty.shape is None:
+        dims, shape = _static_dims(x.ty), _static_dims(call.ty)
+        if dims is None or shape is None or call.attrs.axis is None:
             return call
-        axis = int(call.attrs.axis) % x.ty.ndim if call.attrs.axis is not None else None
-        size = getattr(x.ty.shape.values[axis], "value", None) if axis is not None else None
-        picked = indices.value.numpy()
-        if not isinstance(size, int) or picked.ndim > 1 or picked.size == 0:
+        axis = int(call.attrs.axis) % len(dims)
+        picked = _constant_indices(indices, dims[axis])
+        if picked is None or picked.ndim > 1:
             return call
-        if np.any(picked < -size) or np.any(picked >= size):
-            return call  # out of range: left to take's own rule for it (mode)
-        picked = np.where(picked < 0, picked + size, picked).reshape(-1).astype(np.int64)
+        kept, picked = picked.ndim == 1, picked.reshape(-1)
         step = int(picked[1] - picked[0]) if picked.size > 1 else 1
         if step < 1 or np.any(np.diff(picked) != step):
             return call
-        first, kept = int(picked[0]), indices.value.numpy().ndim == 1
-        shape = [int(d) for d in call.ty.shape.values]
+        first = int(picked[0])
 
-        def sliced(data: tvm.te.Tensor) -> tvm.te.Tensor:  # one injective op (slice + squeeze: two)
+        def sliced(data: tvm.te.Tensor) -> tvm.te.Tensor:
             def element(*i):
                 at = first + step * i[axis] if kept else first
                 return data[(*i[:axis], at, *i[axis + int(kept):])]
@@ -477,17 +503,42 @@ class _TakeRewriter(relax.PyExprMutator):
 
         return self.builder_.call_te(sliced, x, primfunc_name_hint="take_slice")
 
+    def _scatter(self, call: relax.Call) -> relax.Expr:
+        """One slice along the axis overwritten (`out[:, t] = y`, a scan's output written a step
+        at a time: RWKV's 32 per layer): the updates where the index is that slice's, the data
+        elsewhere."""
+        data, indices, updates = call.args
+        dims, given = _static_dims(data.ty), _static_dims(updates.ty)
+        if dims is None or given is None or len(given) != len(dims) or str(call.attrs.reduction) != "update":
+            return call
+        axis = int(call.attrs.axis) % len(dims)
+        picked = _constant_indices(indices, dims[axis])
+        if picked is None or list(picked.shape) != given or np.any(picked != picked.flat[0]):
+            return call
+        if given[axis] != 1 or any(g != d for k, (g, d) in enumerate(zip(given, dims)) if k != axis):
+            return call
+        at = int(picked.flat[0])
 
-@tvm.transform.module_pass(opt_level=0, name="AutofuseSlicedTakes")
-class SlicedTakes:
-    """A take() whose indices are constants in steps (`x[:, i]` exported as ONNX Gather, a
-    scan unrolled by the exporter, Mamba's 32 per layer) as a strided slice. TVM marks take
-    opaque: its index is read from a tensor at run time, so FuseOps, and every plan, left each
-    one a kernel of its own (257 of Mamba's 688 kernels, each a VM call of its own); a slice
-    is an injective op that fuses into the kernels that read it."""
+        def overwritten(old: tvm.te.Tensor, new: tvm.te.Tensor) -> tvm.te.Tensor:
+            def element(*i):
+                return tvm.tirx.Select(i[axis] == at, new[(*i[:axis], 0, *i[axis + 1:])], old[i])
+
+            return tvm.te.compute(dims, element, name="T_scatter")
+
+        return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_slice")
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutofuseConstantIndexing")
+class ConstantIndexing:
+    """Gathers and scatters at constant indices as the injective ops they compute: a take()
+    whose indices are constants in steps (`x[:, i]` exported as ONNX Gather, a scan unrolled by
+    the exporter, Mamba's 32 per layer) as a strided slice; a scatter_elements() that overwrites
+    one slice along its axis (RWKV's) as a select. TVM marks both opaque, since they read their
+    indices from a tensor at run time, so FuseOps, and every plan, left each one a kernel of its
+    own (257 of Mamba's 688 ops, each a VM call); rewritten, they fuse with the ops around them."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _rewrite_functions(mod, _TakeRewriter)
+        return _rewrite_functions(mod, _ConstantIndexRewriter)
 
 
 @tvm.transform.module_pass(opt_level=0, name="AutofuseLayoutFriendlyOps")
@@ -621,12 +672,12 @@ class WholeTileRows:
         return _rewrite_functions(mod, _RowPadder)
 
 
-def _calls_op(mod: tvm.IRModule, name: str) -> int:
-    """How many calls of the Relax operator `name` the module's Relax functions hold."""
+def _calls_op(mod: tvm.IRModule, *names: str) -> int:
+    """How many calls of the Relax operators `names` the module's Relax functions hold."""
     found = []
 
     def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in names:
             found.append(expr)
 
     for func in mod.functions.values():

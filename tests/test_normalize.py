@@ -396,3 +396,39 @@ def test_a_take_of_constant_indices_in_steps_is_a_slice_that_fuses(indices, axis
     x = np.random.default_rng(5).standard_normal(shape).astype("float32")
     got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
     np.testing.assert_array_equal(got, np.take(x, np.array(indices), axis=axis) * np.float32(2))
+
+
+@pytest.mark.parametrize("index, axis, overwrites", [
+    (2, 1, True), (-1, 2, True), ("mixed", 1, False), ("partial", 1, False), ("reduce", 1, False)])
+def test_a_scatter_that_overwrites_one_constant_slice_is_a_select_that_fuses(index, axis, overwrites):
+    # `out[:, t] = y`, a scan's output written a step at a time (RWKV: 32 ScatterElements a
+    # layer, each a kernel copying the whole tensor): the updates at that slice, the data elsewhere
+    shape = (2, 6, 8)
+    given = [2, 6, 8]
+    given[axis] = 1
+    if index == "partial":  # updates narrower than the data in another axis
+        given[2] = 4
+    picked = np.full(given, 3 if isinstance(index, str) else index, "int64")
+    if index == "mixed":  # two slices written
+        picked[0] = 1
+    reduction = "add" if index == "reduce" else "update"
+    rng = np.random.default_rng(6)
+    updates = rng.standard_normal(given).astype("float32")
+
+    def op(x):
+        new = relax.op.multiply(relax.const(updates), relax.const(2.0, "float32"))
+        written = relax.op.scatter_elements(x, relax.const(picked), new, axis=axis, reduction=reduction)
+        return relax.op.add(written, relax.const(1.0, "float32"))
+
+    normal = normalize(_module(op, shape))
+    graph = extract_graph(normal)
+    assert any("scatter_slice" in n.op for n in graph.nodes) == overwrites
+    assert all(n.fusable for n in graph.nodes) == overwrites
+    x = rng.standard_normal(shape).astype("float32")
+    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    want = x.copy()
+    for at in np.ndindex(*given):  # ONNX ScatterElements, element by element
+        to = list(at)
+        to[axis] = picked[at]
+        want[tuple(to)] = want[tuple(to)] + updates[at] * 2 if reduction == "add" else updates[at] * 2
+    np.testing.assert_allclose(got, want + 1, rtol=1e-6)
