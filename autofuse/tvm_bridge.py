@@ -349,8 +349,8 @@ class _LayoutRewriter(relax.PyExprMutator):
             return call
         low = 0 if ranks[0] < ranks[1] else 1
         x = call.args[low]
-        shape = [getattr(d, "value", None) for d in x.ty.shape.values] if x.ty.shape is not None else [None]
-        if isinstance(x, tvm.ir.expr.Constant) or not all(isinstance(d, int) for d in shape):
+        shape = _static_dims(x.ty)
+        if isinstance(x, tvm.ir.expr.Constant) or shape is None:
             return call
         full = self.builder_.normalize(relax.op.reshape(x, [1] * abs(ranks[0] - ranks[1]) + shape))
         args = [full, b] if low == 0 else [a, full]
@@ -447,8 +447,10 @@ class _LayoutRewriter(relax.PyExprMutator):
 def _static_dims(ty: object) -> list[int] | None:
     """A tensor type's dimensions, or None unless all are known integers."""
     shape = getattr(ty, "shape", None)
-    dims = [getattr(d, "value", None) for d in shape.values] if getattr(ty, "ndim", -1) >= 1 and shape is not None else []
-    return dims if dims and all(isinstance(d, int) for d in dims) else None
+    if getattr(ty, "ndim", -1) < 1 or shape is None:
+        return None
+    dims = [getattr(d, "value", None) for d in shape.values]
+    return dims if all(isinstance(d, int) for d in dims) else None
 
 
 def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
