@@ -432,3 +432,25 @@ def test_a_scatter_that_overwrites_one_constant_slice_is_a_select_that_fuses(ind
         to[axis] = picked[at]
         want[tuple(to)] = want[tuple(to)] + updates[at] * 2 if reduction == "add" else updates[at] * 2
     np.testing.assert_allclose(got, want + 1, rtol=1e-6)
+
+
+def test_constant_index_slices_and_selects_build_for_cuda():
+    # the rewritten ops are TE computes emitted before legalisation: DLight schedules them like
+    # any injective kernel, fused with their neighbours, and they land in the CUDA module
+    from autofuse import apply
+    from autofuse.gpu_resources import cuda_source
+
+    picked = np.full((2, 1, 8), 3, "int64")
+
+    def op(x):
+        step = relax.op.take(x, relax.const(np.array(2, "int64")), axis=1)  # (2, 8)
+        row = relax.op.expand_dims(relax.op.multiply(step, relax.const(2.0, "float32")), 1)
+        return relax.op.scatter_elements(x, relax.const(picked), row, axis=1)
+
+    normal = normalize(_module(op, (2, 6, 8)))
+    graph = extract_graph(normal)
+    assert {"take_slice", "scatter_slice"} <= {n.op for n in graph.nodes} and all(n.fusable for n in graph.nodes)
+    plan = tvm_bridge.fuseops_plan(normal, graph)
+    fused, kernels = apply.fuse(normal, graph, plan)
+    source = cuda_source(build.build(fused, build.make_target("cuda:sm_90")).mod)
+    assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
