@@ -70,6 +70,8 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
     contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
     (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
     Weight transposes fold into the constants; the graph's inputs and outputs keep their layout.
+    Gathers and scatters at constant indices (an unrolled scan's `x[:, t]`) become the slices
+    and selects they compute (ConstantIndexing), which fuse; TVM marks them opaque.
 
     Transcendentals are vectorisable: activations are spelled out in exp/erf/tanh (VectorMath),
     which become TVM's fast polynomial versions (FastMathTransform; outputs of the benchmark
