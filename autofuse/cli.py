@@ -400,7 +400,7 @@ def bench(
     out.print(table)
     if res.slow_rounds:
         out.print(f"{res.slow_rounds} of {res.ran} rounds ran in a slow spell of the host (tvm_default "
-                  f"over {SLOW_SPELL}x its fastest round): measured again, left out")
+                  f"over {SLOW_SPELL}x its usual round): measured again, left out")
 
 
 @app.command()

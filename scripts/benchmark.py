@@ -320,7 +320,7 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of {rounds} rounds in one run of "
         "this script, each round in a fresh worker process in which the plans and onnxruntime are timed in "
         "turns, sample by sample, all on the same threads; a round in which TVM's plan ran over "
-        f"{SLOW_SPELL}x slower than in its fastest round ran in a slow spell of the host and was measured "
+        f"{SLOW_SPELL}x slower than in its usual round (the lower quartile of its rounds) ran in a slow spell of the host and was measured "
         f"again ({sum(r.get('slow_rounds', 0) for r in results)} such rounds in this run); 'noise' is the spread of the per-round medians (or of the samples, "
         "if larger); 'vs tvm_default' is paired: the median over the two plans' samples taken back to back "
         "of their ratio. 'glue' is the share of TVM's plan's kernel time (kernels timed alone) in kernels with no "
