@@ -23,8 +23,8 @@ from autofuse.plan import FusionPlan
 
 
 # A round in which the reference plan (TVM's) ran this many times slower than in its usual
-# rounds (_usual_speed) ran in a slow spell of the host: not a uniform slowdown, the plans' ranking changes in it
-# (GPT-2: a finalist 1% slower than TVM's plan in four rounds, 7% faster in the one where TVM's
+# rounds (_usual_speed) ran in a slow spell of the host: not a uniform slowdown, the plans'
+# ranking changes in it (GPT-2: a finalist 1% slower than TVM's plan in four rounds, 7% faster in the one where TVM's
 # plan read 1.62x; conv_block: gains of 8-13% in three such rounds, 4% in the two others).
 SLOW_SPELL = 1.25
 
@@ -98,8 +98,8 @@ def measure_rounds(
     a fresh process, so no plan is judged on one process's memory layout).
 
     With `reference` (a plan key: TVM's plan), rounds in which it ran SLOW_SPELL times slower
-    than in its usual round (the lower quartile: _usual_speed) are left out and made up for by more rounds, at most `rounds`
-    more: the result is `rounds` rounds of the host at its usual speed where it got there, and
+    than in its usual round (the lower quartile: _usual_speed) are left out and made up for by
+    more rounds, at most `rounds` more: the result is `rounds` rounds of the host at its usual speed where it got there, and
     every round where fewer than two were."""
     plans = list({p.key: p for p in plans}.values())
     per: list[dict[str, Measurement]] = []  # each round's measurements by plan key

@@ -155,8 +155,8 @@ def test_a_host_slow_for_good_gets_at_most_twice_the_rounds():
         return [Measurement(p.key, "ok", (100.0 if len(runs) == 1 else 150.0,) * config.repeat) for p in plans]
 
     res = measure_rounds(measure_many, [tvm], 3, MeasureConfig(repeat=3), reference=tvm.key)
-    # one fast round is no usual speed: once a quarter of the rounds are slow ones, every round
-    # counts (the fast one measured against, the slow ones are run again until then)
+    # one fast round is no usual speed: from the fourth round on the lower quartile is a slow
+    # round, and every round counts
     assert len(runs) == 4 and res.ran == 4
     assert res.kept == list(range(4)) and res.slow_rounds == 0 and len(res.good[tvm.key].latencies_s) == 12
 
