@@ -24,8 +24,9 @@ from autofuse.plan import FusionPlan
 
 # A round in which the reference plan (TVM's) ran this many times slower than in its usual
 # rounds (_usual_speed) ran in a slow spell of the host: not a uniform slowdown, the plans'
-# ranking changes in it (GPT-2: a finalist 1% slower than TVM's plan in four rounds, 7% faster in the one where TVM's
-# plan read 1.62x; conv_block: gains of 8-13% in three such rounds, 4% in the two others).
+# ranking changes in it (GPT-2: a finalist 1% slower than TVM's plan in four rounds, 7% faster
+# in the one where TVM's plan read 1.62x; conv_block: gains of 8-13% in three such rounds, 4%
+# in the two others).
 SLOW_SPELL = 1.25
 
 
