@@ -91,10 +91,11 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         ]
     )(mod)
     indexing = ("relax.take", "relax.scatter_elements")
-    if _calls_op(mod, *indexing):
+    if _indexed_by_constants(mod, indexing):
         # constant indices are often computed in the graph (ONNX's negative indices wrapped by
-        # `where`): folded first. The module changes only where an op was rewritten: every
-        # other model keeps its workload key, and the plans logged under it
+        # `where`): folded first (only then: folding BERT-base's weights takes 3 s). The module
+        # changes only where an op was rewritten: every other model keeps its workload key, and
+        # the plans logged under it
         folded = relax.transform.FoldConstant()(mod)
         rewritten = ConstantIndexing()(folded)
         mod = rewritten if _calls_op(rewritten, *indexing) < _calls_op(folded, *indexing) else mod
@@ -464,6 +465,34 @@ def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
     if picked.size == 0 or np.any(picked < -size) or np.any(picked >= size):
         return None
     return np.where(picked < 0, picked + size, picked).astype(np.int64)
+
+
+def _indexed_by_constants(mod: tvm.IRModule, ops: tuple[str, ...]) -> bool:
+    """Whether a call of `ops` reads run-time data at indices computed from constants alone
+    (which FoldConstant makes constants): a binding is constant-derived when its value is a
+    constant, or a call, tuple or tuple item of constant-derived values only."""
+    leaves = (tvm.ir.expr.Constant, relax.ShapeExpr)  # tensors, shapes, PrimValues, strings, dtypes
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        derived: set[relax.Var] = set()
+
+        def known(e: relax.Expr) -> bool:
+            if isinstance(e, relax.Tuple):
+                return all(known(f) for f in e.fields)
+            return isinstance(e, leaves) or (isinstance(e, relax.Var) and e in derived)
+
+        for block in func.body.blocks:
+            for b in block.bindings:
+                v = b.value if isinstance(b, relax.VarBinding) else None
+                if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
+                    if v.op.name in ops and known(v.args[1]) and not known(v.args[0]):
+                        return True
+                    if all(known(a) for a in v.args):
+                        derived.add(b.var)
+                elif v is not None and (known(v) or isinstance(v, relax.TupleGetItem) and known(v.tuple_value)):
+                    derived.add(b.var)
+    return False
 
 
 @relax.expr_functor.mutator

@@ -454,3 +454,34 @@ def test_constant_index_slices_and_selects_build_for_cuda():
     fused, kernels = apply.fuse(normal, graph, plan)
     source = cuda_source(build.build(fused, build.make_target("cuda:sm_90")).mod)
     assert source is not None and all(f"{k}_kernel" in source for k in set(kernels))
+
+
+def test_indices_computed_from_constants_are_folded_first_and_only_when_some_are():
+    # ONNX's negative indices come wrapped, `where(i < 0, i + n, i)`: a constant only once folded.
+    # An embedding lookup (a constant table at run-time ids) is no candidate: folding a whole
+    # model's weights early for it took BERT-base 3 s and renumbered every model's kernels
+    from autofuse.tvm_bridge import _indexed_by_constants
+
+    def wrapped(x):
+        i = relax.const(-2, "int64")
+        at = relax.op.where(relax.op.less(i, relax.const(0, "int64")), relax.op.add(i, relax.const(6, "int64")), i)
+        return relax.op.take(x, at, axis=1)
+
+    mod = _module(wrapped, (2, 6, 8))
+    assert _indexed_by_constants(relax.transform.Normalize()(mod), ("relax.take",))
+    normal = normalize(mod)
+    assert [n.op for n in extract_graph(normal).nodes] == ["take_slice"]
+    x = np.random.default_rng(7).standard_normal((2, 6, 8)).astype("float32")
+    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    np.testing.assert_array_equal(got, x[:, 4])
+
+    for table_is_constant in (True, False):  # an embedding lookup; a gather of activations
+        bb = relax.BlockBuilder()
+        ids = relax.Var("ids", relax.TensorType((1, 4), "int64"))
+        rows = relax.Var("rows", relax.TensorType((10, 8), "float32"))
+        with bb.function("main", [ids, rows]):
+            with bb.dataflow():
+                table = relax.const(np.ones((10, 8), "float32")) if table_is_constant else rows
+                out = bb.emit_output(relax.op.take(table, ids, axis=0))
+            bb.emit_func_output(out)
+        assert not _indexed_by_constants(bb.get(), ("relax.take",))
