@@ -216,17 +216,19 @@ def build(
     target: tvm.target.Target,
     scheduler: str | None = None,
     database: str | None = None,
+    exec_mode: str | None = None,
 ) -> tvm.runtime.Executable:
     """Schedule (see `schedule`) and compile an already fused module (apply.apply_plan's output).
 
-    `scheduler` None means the target's default: rules on the CPU, DLight on CUDA.
+    `scheduler` None means the target's default: rules on the CPU, DLight on CUDA. `exec_mode`:
+    see compile_scheduled.
     """
     scheduled = schedule(fused, target, scheduler or default_scheduler(target), database)
-    return compile_repairing(fused, scheduled, target)[0]
+    return compile_repairing(fused, scheduled, target, exec_mode)[0]
 
 
 def compile_repairing(
-    fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target
+    fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target, exec_mode: str | None = None
 ) -> tuple[tvm.runtime.Executable, tvm.IRModule]:
     """compile_scheduled, and if that fails on the CPU, give each kernel that does not lower
     alone the next rule-based schedule that does (schedule.schedule_candidates; the plain loop
@@ -234,14 +236,14 @@ def compile_repairing(
     (compile_scheduled). Checking kernels one by one costs ~40 ms each, so it only runs once a
     build failed."""
     try:
-        return compile_scheduled(scheduled, target, fused)
+        return compile_scheduled(scheduled, target, fused, exec_mode)
     except Exception:
         if target.kind.name != "llvm":
             raise
         repaired = _repair_kernels(fused, scheduled, target)
         if repaired is None:
             raise
-    return compile_scheduled(repaired, target, fused)
+    return compile_scheduled(repaired, target, fused, exec_mode)
 
 
 def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
@@ -271,29 +273,62 @@ def _repair_kernels(fused: tvm.IRModule, scheduled: tvm.IRModule, target: tvm.ta
     return out if changed else None
 
 
+# the most calls `main` may make for it to be compiled rather than interpreted (see
+# compile_scheduled). LLVM's time on the one straight-line host function grows faster than its
+# length (a narrow 48-layer BERT's 2,809 calls: 0.6 -> 15.0 s to build, 24 layers: 0.5 -> 2.8 s),
+# and the one model measured beyond this, RWKV (2,429 calls), ran 10-30% slower compiled
+COMPILED_MAX_CALLS = 1000
+
+
 def compile_scheduled(
-    scheduled: tvm.IRModule, target: tvm.target.Target, fused: tvm.IRModule | None = None
+    scheduled: tvm.IRModule, target: tvm.target.Target, fused: tvm.IRModule | None = None,
+    exec_mode: str | None = None,
 ) -> tuple[tvm.runtime.Executable, tvm.IRModule]:
     """Lower and compile a scheduled module: constant weights re-laid for their kernels, kernel
     outputs written over inputs nothing reads afterwards where `fused` (the module before
     scheduling) is given (inplace.py), then TVM's VM lowering. Returns the executable and the
     module its kernels were compiled from (after those two steps: the signatures the
-    executable's library holds, which time_kernels times)."""
+    executable's library holds, which time_kernels times).
+
+    `exec_mode` "compiled" (TVM's VMTIRCodeGen) compiles `main`'s calls between kernels
+    (allocations, releases, tuples) into one host function beside the kernels, where "bytecode"
+    (tvm.compile's default) has the VM interpret them an instruction at a time. A small model
+    spends much of its time there: Mamba's TVM plan makes 557 such calls beside 226 kernel
+    calls a run (scripts/exec_mode_ab.py). None: "compiled" on the CPU where `main` makes at
+    most COMPILED_MAX_CALLS calls, "bytecode" otherwise (and on GPUs, where the compiled form
+    has not run yet). Should the compiled form not build, the bytecode one is built instead."""
     from autofuse.inplace import reuse_dead_inputs
     from autofuse.schedule import pack_constants
 
-    compiled: list[tvm.IRModule] = []
+    if exec_mode not in (None, "compiled", "bytecode"):
+        raise ValueError(f"exec_mode {exec_mode!r}: 'compiled' or 'bytecode'")
+    with target:
+        mod = pack_constants(scheduled)
+        if fused is not None:
+            mod = reuse_dead_inputs(mod, fused)
+        lowered = tvm.transform.Sequential(_lowering_passes(target))(mod)
+    if exec_mode is None:
+        small = target.kind.name == "llvm" and _relax_calls(lowered) <= COMPILED_MAX_CALLS
+        exec_mode = "compiled" if small else "bytecode"
+    if exec_mode == "compiled":
+        try:
+            return relax.build(lowered, target=target, relax_pipeline=None, exec_mode="compiled"), mod
+        except Exception:  # noqa: BLE001 - built again as bytecode, where a kernel that does not lower raises
+            pass
+    return relax.build(lowered, target=target, relax_pipeline=None), mod
 
-    @tvm.transform.module_pass(opt_level=0, name="AutofuseLowering")
-    def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with target:
-            mod = pack_constants(mod)
-            if fused is not None:
-                mod = reuse_dead_inputs(mod, fused)
-            compiled.append(mod)
-            return tvm.transform.Sequential(_lowering_passes(target))(mod)
 
-    return tvm.compile(scheduled, target=target, relax_pipeline=pipeline), compiled[-1]
+def _relax_calls(mod: tvm.IRModule) -> int:
+    """Calls in a lowered module's Relax functions: the VM's instructions for one run, about."""
+    calls = [0]
+
+    def visit(expr: relax.Expr) -> None:
+        calls[0] += isinstance(expr, relax.Call)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return calls[0]
 
 
 def device_for(target: tvm.target.Target) -> tvm.runtime.Device:

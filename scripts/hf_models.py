@@ -48,6 +48,10 @@ def torch_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
         "gpt2_small": (lambda: tf.GPT2Model(tf.GPT2Config()), ids128, ["input_ids"]),
         "wav2vec2_base": (lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config()), (torch.randn(1, 16000),), ["input_values"]),
         "bert": (lambda: tf.BertModel(tf.BertConfig(vocab_size=1000, **small_tf)), ids, ["input_ids"]),
+        # deep and narrow: thousands of VM calls for little work a call (scripts/exec_mode_ab.py)
+        **{f"bert_l{n}": (lambda n=n: tf.BertModel(tf.BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=n, num_attention_heads=4, intermediate_size=256)),
+            ids, ["input_ids"]) for n in (24, 48)},
         "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000,
                                                      n_positions=64, bos_token_id=0, eos_token_id=0)),
                  ids, ["input_ids"]),

@@ -34,7 +34,7 @@ def main() -> None:
     w = prepare(args.model, [InputSpec.parse(s) for s in args.input])
     dev = tvm.cpu(0)
     mod = apply_plan(w.mod, w.graph, w.tvm_default())
-    ex = build(mod, make_target("llvm"))
+    ex = build(mod, make_target("llvm"), exec_mode="bytecode")  # the hook sees the VM's instructions only
     # each kernel's buffer shapes (inputs, weights, output last): to match onnxruntime's layers
     shapes = {gv.name_hint: " ".join("x".join(str(d) for d in getattr(b, "shape", ())) or str(b) for b in f.params)
               for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}

@@ -98,7 +98,52 @@ def test_cuda_builds_without_gpu(transformer):
     t = build.make_target("cuda")
     for plan in (transformer.tvm_default(), space.plan_of_kinds({"vertical", "horizontal", "reduction"})):
         ex = build.build(apply.apply_plan(transformer.mod, transformer.graph, plan), t)
-        assert ex is not None
+        assert "vm_tir_func" not in ex.as_text()  # bytecode until the compiled form has run on a GPU
+
+
+def test_main_is_compiled_beside_the_kernels_and_runs_from_an_exported_library(transformer, tmp_path):
+    # build compiles main's calls between kernels into a host function (VMTIRCodeGen) rather
+    # than bytecode for the VM to interpret; the kernels are the same, so the outputs are too,
+    # bit for bit, also from the exported library loaded back
+    mod = apply.apply_plan(transformer.mod, transformer.graph, transformer.tvm_default())
+    t = build.make_target("llvm")
+    compiled, bytecode = build.build(mod, t), build.build(mod, t, exec_mode="bytecode")
+    assert "vm_tir_func" in compiled.as_text() and "vm_tir_func" not in bytecode.as_text()
+    compiled.export_library(tmp_path / "model.so")
+    loaded = tvm.runtime.load_module(tmp_path / "model.so")
+    feeds = [tvm.runtime.tensor(x, tvm.cpu()) for x in random_inputs(transformer.inputs)]
+    want = relax.VirtualMachine(bytecode, tvm.cpu())["main"](*feeds).numpy()
+    got = relax.VirtualMachine(loaded, tvm.cpu())["main"](*feeds).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_main_of_more_calls_than_the_limit_stays_bytecode(mlp, monkeypatch):
+    # LLVM's time on the compiled main grows faster than its length (a narrow 48-layer BERT: 15 s)
+    mod = apply.apply_plan(mlp.mod, mlp.graph, mlp.tvm_default())
+    t = build.make_target("llvm")
+    assert "vm_tir_func" in build.build(mod, t).as_text()
+    monkeypatch.setattr(build, "COMPILED_MAX_CALLS", 5)
+    assert "vm_tir_func" not in build.build(mod, t).as_text()
+    assert "vm_tir_func" in build.build(mod, t, exec_mode="compiled").as_text()  # asked for: no limit
+
+
+def test_a_main_the_compiled_form_cannot_build_is_built_as_bytecode(mlp, monkeypatch):
+    real = relax.build
+
+    def refuse_compiled(*args, exec_mode="bytecode", **kwargs):
+        if exec_mode == "compiled":
+            raise RuntimeError("VMTIRCodeGen: not supported")
+        return real(*args, exec_mode=exec_mode, **kwargs)
+
+    monkeypatch.setattr(relax, "build", refuse_compiled)
+    mod = apply.apply_plan(mlp.mod, mlp.graph, mlp.tvm_default())
+    ex = build.build(mod, build.make_target("llvm"))
+    assert "vm_tir_func" not in ex.as_text()
+    feeds = random_inputs(mlp.inputs)
+    want = run_onnxruntime(mlp.loaded.onnx_model, mlp.inputs, feeds)[0]
+    np.testing.assert_allclose(build.run(ex, tvm.cpu(), feeds)[0], want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="exec_mode 'interpreted'"):
+        build.build(mod, build.make_target("llvm"), exec_mode="interpreted")
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer", "conv_block"])
