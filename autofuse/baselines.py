@@ -92,9 +92,10 @@ def sampler(fn: Callable[[], object], min_repeat_s: float = 0.02) -> Callable[[]
 
 def pool_rounds(rounds: Sequence[Any], default: Any = None) -> dict[str, Any]:
     """A baseline's Measurements, one per round of decision.measure_rounds (its samples taken in
-    turns with the plans'), pooled as the plans' are: status, median, noise (`spread`: the larger
-    of the samples' spread and the drift of the per-round medians), error, and `vs_tvm_default`
-    paired with `default` (TVM's plan's pooled Measurement: the same rounds, the same count)."""
+    the round's worker before the plans'), pooled as the plans' are: status, median, noise
+    (`spread`: the larger of the samples' spread and the drift of the per-round medians), error,
+    and `vs_tvm_default` paired with `default` (TVM's plan's pooled Measurement: the same rounds,
+    the same count; the k-th samples of a round are seconds apart, from the same process)."""
     failed = next((r for r in rounds if not r.ok), None)
     if failed is not None:  # a model onnxruntime cannot run (an operator it lacks): said, not a crash
         return {"status": failed.status, "median_s": None, "spread": None, "vs_tvm_default": None,
@@ -114,7 +115,7 @@ def rounds_beside_onnxruntime(
     measurer: Any, plans: Sequence[Any], rounds: int, config: Any, model: onnx.ModelProto | None, default: Any
 ) -> tuple[Any, dict[str, Any] | None]:
     """decision.measure_rounds over `plans` (each round in a fresh worker of `measurer`), with
-    onnxruntime running `model` in the worker and taking its turns among the plans' samples.
+    onnxruntime running `model` in the worker before the plans (worker._measure_together).
     Returns the Rounds and onnxruntime's row (pool_rounds, paired with the plan `default`), or
     None for it without an ONNX model."""
     import tempfile

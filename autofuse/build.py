@@ -382,12 +382,10 @@ def time_interleaved(
     dev: tvm.runtime.Device,
     inputs: Sequence[np.ndarray],
     config: MeasureConfig,
-    others: Sequence[Callable[[], float]] = (),
 ) -> list[list[float]]:
     """`config.repeat` latency samples of each executable, taken in turns (sample i of every
     plan, the order rotated each time), so that the k-th samples of all plans are neighbours in
-    time; `others` (functions returning one sample each: a baseline's, baselines.sampler) take
-    their turns too, their samples listed after the executables'. On a shared host a slow spell
+    time. (Not so with another runtime: see worker._measure_together.) On a shared host a slow spell
     lasts from milliseconds to seconds: plans timed one after the other were judged in different
     spells (BERT's two best plans: per-plan medians 2% apart, per-round gains from -48% to +4%),
     while neighbouring samples share it (the same two plans differed by 2.0-2.8% in every
@@ -400,7 +398,7 @@ def time_interleaved(
             vm["main"](*args)
         timers.append(vm.time_evaluator("main", dev, number=config.number, repeat=1,
                                         min_repeat_ms=config.min_repeat_ms))
-    takes = [lambda t=t: float(t(*args).results[0]) for t in timers] + list(others)
+    takes = [lambda t=t: float(t(*args).results[0]) for t in timers]
     samples: list[list[float]] = [[] for _ in takes]
     order = list(range(len(takes)))
     with no_garbage_collection():

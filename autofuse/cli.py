@@ -369,7 +369,7 @@ def bench(
     with IsolatedMeasurer(w, target=target, config=config, scheduler=scheduler, database=database) as m:
         # the tuner's protocol: rounds each in a fresh process (a process's memory layout alone
         # moved TVM's plan for transformer_block between 38 and 58 us), the plans timed in turns,
-        # onnxruntime's samples among theirs (timed after them, a slow spell fell on one side)
+        # onnxruntime's samples in the same worker before theirs (worker._measure_together)
         res, ort = rounds_beside_onnxruntime(m, [p for _, p in plans], rounds, config, w.loaded.onnx_model,
                                              w.tvm_default())
     for label, plan in plans:

@@ -222,13 +222,14 @@ class IsolatedMeasurer:
         self, plans: Sequence[FusionPlan], onnx_path: str, config: MeasureConfig | None = None
     ) -> tuple[list[Measurement], Measurement]:
         """measure_together, with onnxruntime running `onnx_path` (the workload's ONNX model) in
-        the worker and taking its turns among the plans' samples. Returns the plans' Measurements
-        and onnxruntime's (plan key 'onnxruntime'; status 'runtime_error' where it could not run,
-        or where no plan ran to be timed beside it)."""
+        the worker, its samples taken before the plans run (worker._measure_together: each
+        runtime's waiting threads slowed the other's samples when they were taken in turns).
+        Returns the plans' Measurements and onnxruntime's (plan key 'onnxruntime'; status
+        'runtime_error' where it could not run)."""
         measured, reply = self._together(plans, config, None, False, onnxruntime=onnx_path)
         if reply.get("onnxruntime_latencies_s"):
             return measured, Measurement("onnxruntime", "ok", tuple(reply["onnxruntime_latencies_s"]))
-        error = reply.get("onnxruntime_error") or "no plan ran to be timed beside it"
+        error = reply.get("onnxruntime_error") or "onnxruntime was not timed"
         return measured, Measurement("onnxruntime", "runtime_error", error=error)
 
     def _together(

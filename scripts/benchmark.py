@@ -8,8 +8,8 @@ Models: graphs this project generates (mlp, conv_block, transformer_block, softm
 chains) and real architectures from `transformers`, instantiated from small configs with random
 weights and exported with PyTorch's dynamo ONNX exporter. Baselines, all measured in this process
 run on the same threads: TVM's stock pipeline (tvm.compile of the frontend's module, no
-schedules), unfused and tvm_default (same kernel schedules as autofuse), autofuse tuned and
-onnxruntime (CPU provider, all graph optimisations) timed in turns, torch eager and torch.compile for the
+schedules), unfused and tvm_default (same kernel schedules as autofuse), autofuse tuned timed in turns,
+onnxruntime (CPU provider, all graph optimisations) in the same worker before them, torch eager and torch.compile for the
 PyTorch models. Writes benchmarks/results.json, benchmarks/RESULTS.md and PNG plots.
 """
 
@@ -141,7 +141,7 @@ def side_by_side(
 ) -> tuple[dict[str, Any], int]:
     """The tuner's protocol (decision.measure_rounds): rounds in fresh processes, the plans timed
     in turns sample by sample, pooled median per plan, noise as the spread of per-round medians;
-    onnxruntime's samples taken in turns with theirs (row 'onnxruntime').
+    onnxruntime's samples taken in the same worker before theirs (row 'onnxruntime').
 
     Rows with the same plan (autofuse keeping TVM's grouping) are one compiled artefact, measured
     once and reported under each name: timing it twice would only show the noise as a speedup
@@ -318,8 +318,9 @@ def write_report(results: list[dict[str, Any]], limits: dict[str, float], out: P
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}` on {device_fingerprint('llvm')} "
         f"(measured copy bandwidth {limits['bandwidth_Bps'] / 1e9:.1f} GB/s, numpy GEMM "
         f"{limits['peak_flops'] / 1e9:.0f} GFLOP/s). Latencies are medians of {rounds} rounds in one run of "
-        "this script, each round in a fresh worker process in which the plans and onnxruntime are timed in "
-        "turns, sample by sample, all on the same threads; a round in which TVM's plan ran over "
+        "this script, each round in a fresh worker process in which onnxruntime is timed first and then the "
+        "plans in turns, sample by sample, all on the same threads (each runtime's waiting threads slowed the "
+        "other's samples when they took turns: scripts/runtime_interference.py); a round in which TVM's plan ran over "
         f"{SLOW_SPELL}x slower than in its usual round (the lower quartile of its rounds) ran in a slow spell of the host and was measured "
         f"again ({sum(r.get('slow_rounds', 0) for r in results)} such rounds in this run); 'noise' is the spread of the per-round medians (or of the samples, "
         "if larger); 'vs tvm_default' is paired: the median over the two plans' samples taken back to back "

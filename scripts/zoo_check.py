@@ -7,7 +7,7 @@ tf2onnx, spox, onnxruntime's quantizer), taken from the PyPI wheels that ship th
 deployment variants of them: YOLOv8n with its non-maximum suppression appended). Then,
 in a process of its own (TVM can abort a process), imported, normalised, and TVM's plan, the
 unfused plan and the tuner's seed plans (SearchSpace.plus_kinds) are built, checked against the
-unfused model and timed in turns in one worker, onnxruntime taking its turns among them; the unfused
+unfused model and timed in turns in one worker, onnxruntime timed in it before them; the unfused
 model's outputs compared with onnxruntime's on the same inputs. No search:
 this is about what every model gets before tuning, and whether anything fails.
 
@@ -311,8 +311,8 @@ def main() -> int:
             f"{' '.join(sys.argv[1:])}`: TVM's plan, the unfused plan and the tuner's seed plans built, checked "
             "against the unfused model and timed in turns in one worker (median of 10 samples; 'paired' is the "
             "median ratio of samples taken back to back), with rule-based schedules, no search; onnxruntime "
-            "in the same worker, same threads, its samples taken in turns with the plans' ('ORT / best' paired "
-            "likewise).\n\n" + "\n".join(lines) + "\n")
+            "in the same worker, same threads, its samples taken before the plans' ('ORT / best' paired by "
+            "sample index, from the same worker).\n\n" + "\n".join(lines) + "\n")
     (args.out / "RESULTS.md").write_text(text)
     print(text)
     return 0

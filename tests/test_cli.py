@@ -91,7 +91,7 @@ def test_show_and_bench(tuned):
     kept = data["rounds"] - data["slow_rounds"]
     assert all(len(rows[n]["per_round_s"]) == kept and min(rows[n]["per_round_s"]) > 0
                for n in ("unfused", "tvm_default", "autofuse"))
-    # onnxruntime's samples were taken in turns with the plans': its ratio is paired
+    # onnxruntime's samples come from the same workers as the plans': its ratio is paired by round
     assert rows["onnxruntime"]["vs_tvm_default"] > 0
 
 

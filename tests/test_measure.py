@@ -292,6 +292,32 @@ def test_onnxruntime_takes_its_turns_among_the_plans(mlp, model_dir, tmp_path):
         assert ort.status == "runtime_error" and ort.error
 
 
+def test_onnxruntime_is_timed_before_any_plan_runs_in_the_worker(mlp, model_dir, monkeypatch):
+    # each runtime's waiting threads took a core from the other's next samples when they were
+    # timed in turns (the MLP's one-kernel plan: 3.8 us alone, 1,642 us in turns with onnxruntime)
+    events = []
+    real_sampler, real_build = worker._onnxruntime_sampler, worker._build_and_check
+
+    def sampler(*args):
+        take = real_sampler(*args)
+        return lambda: events.append("onnxruntime") or take()
+
+    monkeypatch.setattr(worker, "_onnxruntime_sampler", sampler)
+    monkeypatch.setattr(worker, "_build_and_check", lambda *a, **k: events.append("plan") or real_build(*a, **k))
+    monkeypatch.setattr(worker.time, "sleep", lambda s: events.append(f"pause {s}"))
+    req = {**_request(mlp.tvm_default()), "op": "together", "plans": [list(map(list, mlp.tvm_default().groups))],
+           "onnxruntime": str(model_dir / "mlp.onnx")}
+    del req["groups"]
+    out = worker.handle(_session(mlp), req, _Conn())
+    assert out["results"][0]["status"] == "ok" and len(out["results"][0]["latencies_s"]) == FAST.repeat
+    assert len(out["onnxruntime_latencies_s"]) == FAST.repeat
+    settle = f"pause {worker.SETTLE_S}"
+    # a pause, warm-up samples discarded, the kept ones, a pause, then the plans
+    assert events[0] == settle and events.index("plan") == len(events) - 1
+    assert events[1:-2] == ["onnxruntime"] * (len(events) - 3) and events[-2] == settle
+    assert len(events) - 3 > FAST.repeat
+
+
 def test_measure_together_fails_plans_alone(mlp):
     # a plan that does not build is its own build_error; the others are still timed in turns
     session = _session(mlp)
@@ -335,22 +361,14 @@ def test_samples_are_taken_with_the_garbage_collector_off():
     # a baseline timed from Python paid collections of a build's garbage in a few of its samples
     import gc
 
-    import tvm
-
     from autofuse.baselines import time_callable
-    from autofuse.build import time_interleaved
+    from autofuse.build import no_garbage_collection
 
+    assert gc.isenabled()
+    with no_garbage_collection():  # the worker takes onnxruntime's samples in it
+        assert not gc.isenabled()
+    assert gc.isenabled()
     seen = []
-
-    def take() -> float:
-        seen.append(gc.isenabled())
-        return 1e-3
-
-    assert gc.isenabled()
-    samples = time_interleaved([], tvm.cpu(), [], MeasureConfig(repeat=4), [take])
-    assert samples == [[1e-3] * 4] and len(seen) == 5 and not any(seen)  # one turn discarded
-    assert gc.isenabled()
-    seen.clear()
     time_callable(lambda: seen.append(gc.isenabled()), repeat=3, min_repeat_s=0)
     assert seen[-3:] == [False] * 3 and gc.isenabled()
 
