@@ -343,7 +343,7 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
         try:
             sample = _onnxruntime_sampler(req["onnxruntime"], session, config)
             with build.no_garbage_collection():
-                for _ in range(5):
+                for _ in range(5):  # warm-up, not kept
                     sample()
                 reply["onnxruntime_latencies_s"] = [sample() for _ in range(config.repeat)]
         except Exception as err:  # onnxruntime cannot run it: recorded, the plans are timed
