@@ -299,6 +299,7 @@ def compile_scheduled(
     has not run yet). Should the compiled form not build, the bytecode one is built instead."""
     from autofuse.inplace import reuse_dead_inputs
     from autofuse.schedule import pack_constants
+    from autofuse.tvm_bridge import count_calls
 
     if exec_mode not in (None, "compiled", "bytecode"):
         raise ValueError(f"exec_mode {exec_mode!r}: 'compiled' or 'bytecode'")
@@ -308,7 +309,7 @@ def compile_scheduled(
             mod = reuse_dead_inputs(mod, fused)
         lowered = tvm.transform.Sequential(_lowering_passes(target))(mod)
     if exec_mode is None:
-        small = target.kind.name == "llvm" and _relax_calls(lowered) <= COMPILED_MAX_CALLS
+        small = target.kind.name == "llvm" and count_calls(lowered) <= COMPILED_MAX_CALLS
         exec_mode = "compiled" if small else "bytecode"
     if exec_mode == "compiled":
         try:
@@ -316,19 +317,6 @@ def compile_scheduled(
         except Exception:  # noqa: BLE001 - built again as bytecode, where a kernel that does not lower raises
             pass
     return relax.build(lowered, target=target, relax_pipeline=None), mod
-
-
-def _relax_calls(mod: tvm.IRModule) -> int:
-    """Calls in a lowered module's Relax functions: the VM's instructions for one run, about."""
-    calls = [0]
-
-    def visit(expr: relax.Expr) -> None:
-        calls[0] += isinstance(expr, relax.Call)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return calls[0]
 
 
 def device_for(target: tvm.target.Target) -> tvm.runtime.Device:

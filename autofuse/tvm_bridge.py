@@ -98,9 +98,9 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         # the plans logged under it
         folded = relax.transform.FoldConstant()(mod)
         rewritten = ConstantIndexing()(folded)
-        mod = rewritten if _calls_op(rewritten, *indexing) < _calls_op(folded, *indexing) else mod
+        mod = rewritten if count_calls(rewritten, *indexing) < count_calls(folded, *indexing) else mod
     mod = LayoutFriendlyOps()(mod)
-    if _calls_op(mod, "relax.nn.conv2d") or _calls_op(mod, "relax.nn.conv1d"):
+    if count_calls(mod, "relax.nn.conv2d") or count_calls(mod, "relax.nn.conv1d"):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
         try:
@@ -705,12 +705,16 @@ class WholeTileRows:
         return _rewrite_functions(mod, _RowPadder)
 
 
-def _calls_op(mod: tvm.IRModule, *names: str) -> int:
-    """How many calls of the Relax operators `names` the module's Relax functions hold."""
+def count_calls(mod: tvm.IRModule, *names: str) -> int:
+    """How many calls of the Relax operators `names` the module's Relax functions hold; with no
+    names, how many calls of anything (in a lowered module: the VM's instructions for one run,
+    about, which build.compile_scheduled counts)."""
     found = []
 
     def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in names:
+        if isinstance(expr, relax.Call) and (
+            not names or isinstance(expr.op, tvm.ir.Op) and expr.op.name in names
+        ):
             found.append(expr)
 
     for func in mod.functions.values():

@@ -328,7 +328,7 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
     (build.time_interleaved): the k-th samples of all plans are neighbours in time. With
     `onnxruntime` (an ONNX file of the model), onnxruntime's samples are taken first, before any
     plan runs in this process (after warm-up samples: its first ones in a fresh worker ran up to
-    1.4x slow), and the plans' after a pause. Timed in turns with the plans, each runtime's
+    1.4x slow in a one-off timing), and the plans' after a pause. Timed in turns with the plans, each runtime's
     waiting threads took a core from the other's next samples: the MLP's one-kernel plan ran
     1,642 us a call in turns with onnxruntime against 3.8 alone, onnxruntime's BERT 869 us 20 ms
     after TVM's plan against 299 alone (scripts/runtime_interference.py). Returns
