@@ -366,7 +366,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        with _relax_clip(), onnx_converters.registered(_CONVERTERS):
+        with _relax_clip(), _static_index_extents(), onnx_converters.registered(_CONVERTERS):
             mod = from_onnx(
                 imported,
                 shape_dict={s.name: list(s.shape) for s in specs},
@@ -444,6 +444,51 @@ def _relax_clip():
         yield
     finally:
         fe.Clip = stock
+
+
+@contextmanager
+def _static_index_extents():
+    """TVM's ONNX frontend with constant gather indices wrapped at import.
+
+    The stock Gather and GatherElements read the axis size at run time (shape_of ->
+    shape_to_tensor -> take) and wrap negative indices as `where(i < 0, i + size, i)`, constant
+    indices too (each `x[:, t]` of an unrolled scan). Those chains only became constants in
+    FoldConstant, which legalises every op of the model to find them and builds each folded
+    expression with LLVM: 36 of the 37 s Mamba took to normalise (1,282 builds). Shapes are
+    static in autofuse, so constant indices are wrapped here, in numpy. The size is only read
+    (the stock way) for run-time indices: their module, and its workload key, stay as they were.
+    """
+    from tvm.relax.frontend.onnx import onnx_frontend as fe
+
+    stock_extent, stock_wrap = fe._axis_extent, fe._normalize_negative_indices
+
+    @dataclass(frozen=True)
+    class AxisSize:  # the size a wrap needs, read only where the indices are not constants
+        bb: relax.BlockBuilder
+        data: relax.Expr
+        axis: int
+        dtype: str
+
+    def wrap(bb, indices, axis_extent):
+        size = axis_extent
+        if isinstance(axis_extent, AxisSize):
+            dims = onnx_converters.static_shape(axis_extent.data)
+            size = dims[axis_extent.axis] if dims and -len(dims) <= axis_extent.axis < len(dims) else None
+        elif onnx_converters.is_const(axis_extent):
+            size = axis_extent.value.numpy()
+        if onnx_converters.is_const(indices) and size is not None and not isinstance(size, relax.Expr):
+            i = indices.value.numpy()
+            return onnx_converters.array_const(np.where(i < 0, i + size, i).astype(i.dtype))
+        if isinstance(axis_extent, AxisSize):
+            axis_extent = stock_extent(axis_extent.bb, axis_extent.data, axis_extent.axis, axis_extent.dtype)
+        return stock_wrap(bb, indices, axis_extent)
+
+    fe._axis_extent = lambda bb, data, axis, dtype: AxisSize(bb, data, axis, dtype)
+    fe._normalize_negative_indices = wrap
+    try:
+        yield
+    finally:
+        fe._axis_extent, fe._normalize_negative_indices = stock_extent, stock_wrap
 
 
 def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[str]) -> onnx.ModelProto:

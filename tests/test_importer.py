@@ -4,6 +4,9 @@ import pytest
 from onnx import TensorProto
 from onnx import helper
 
+import tvm
+from tvm import relax
+
 from autofuse.importer import InputSpec
 from autofuse.importer import ModelError
 from autofuse.importer import load_model
@@ -295,3 +298,52 @@ def test_a_model_whose_output_is_its_input_shape_is_refused_by_name(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     with pytest.raises(ModelError, match="no output is computed from the inputs' values"):
         prepare(tmp_path / "m.onnx")
+
+
+def test_gathers_at_constant_indices_are_wrapped_at_import(tmp_path):
+    # TVM's Gather reads the axis size at run time and wraps negative indices with
+    # where(i < 0, i + size, i), constant indices too: FoldConstant then built each such chain
+    # with LLVM (Mamba's 257 unrolled-scan gathers: 36 of its 37 s to normalise). Constant
+    # indices come wrapped now; run-time ids (an embedding lookup) keep the stock chain, and with
+    # it their workload keys
+    from autofuse import tvm_bridge
+    from tests.onnx_import import check_against_onnxruntime
+
+    nodes = [
+        helper.make_node("Gather", ["x", "last"], ["step"], axis=1),  # x[:, -1]
+        helper.make_node("GatherElements", ["x", "picks"], ["picked"], axis=2),
+        helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+        helper.make_node("Add", ["step", "rows"], ["y"]),
+    ]
+    picks = np.array([[[-1, 0, 3, -4]] * 5] * 2, "int64")
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("picked", TensorProto.FLOAT, [2, 5, 4])],
+        [helper.make_tensor("last", TensorProto.INT64, [], [-1]),
+         onnx.numpy_helper.from_array(picks, "picks"),
+         onnx.numpy_helper.from_array(np.arange(24, dtype="float32").reshape(6, 4), "table")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "gathers.onnx"
+    onnx.save(model, path)
+    mod = load_model(path, [], simplify=False).mod
+    # the embedding lookup's wrap is the only one left
+    assert tvm_bridge.count_calls(mod, "relax.where") == 1
+    assert tvm_bridge.count_calls(mod, "relax.shape_of") == 1
+    indices = [c.args[1] for c in _calls(mod, "relax.take", "relax.gather_elements")
+               if str(c.args[0].ty.dtype) == "float32"]  # not the stock chain's read of the size
+    constant = [i.value.numpy().tolist() for i in indices if isinstance(i, tvm.ir.expr.Constant)]
+    assert sorted(map(str, constant)) == sorted([str(4), str(np.where(picks < 0, picks + 4, picks).tolist())])
+    w, _ = check_against_onnxruntime(model, tmp_path / "run", feeds=[
+        np.random.default_rng(3).standard_normal((2, 5, 4)).astype("float32"), np.array([5, -1], "int64")])
+    assert w.graph.nodes
+
+
+def _calls(mod, *names):
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") in names else None)
+    return found
