@@ -2,7 +2,7 @@
 int8, optimised for onnxruntime (its com.microsoft operators), or a detector with its
 non-maximum suppression inside.
 
-How the README's variant models were made (the suite's BERT, `scripts/benchmark.py --models
+How the variant models of benchmarks/JOURNAL.md were made (the suite's BERT, `scripts/benchmark.py --models
 bert --export-only`), so that their import and timing can be checked again
 (`python scripts/zoo_check.py --one VARIANT.onnx`):
 

@@ -1,6 +1,6 @@
 """An int8 copy of an ONNX model with onnxruntime's static quantizer, in QOperator or QDQ form.
 
-How the README's int8 models were made (int8 ResNet-50: `--format qoperator --per-channel`):
+How the int8 models of benchmarks/JOURNAL.md were made (int8 ResNet-50: `--format qoperator --per-channel`):
 onnxruntime's shape pre-processing, then `quantize_static` calibrated on a few random inputs
 (autofuse.importer.random_inputs, seeds 0..N-1). Random calibration gives scales no real data
 would, but the model's structure (QLinearConv, QGemm, ... or Q/DQ pairs) is what the importer

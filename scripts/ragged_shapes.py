@@ -1,7 +1,7 @@
 """Time a kernel over a shape no register tile or vector divides, with and without the rule
 that handles it, as autofuse builds it (the normalised module; NCHW/NCW transposes included).
 
-The README's and the rules' figures came from this:
+The figures of benchmarks/JOURNAL.md and the rules' came from this:
 - channels: a 3x3 convolution whose output channels no vector width divides (255, 3), with and
   without tvm_bridge.WholeVectorChannels (channels padded to a multiple of 8, sliced back);
 - frames: a 512 -> 512 1-D convolution (3 taps, stride 2) over output lengths no row tile

@@ -1,6 +1,6 @@
 """Time two versions of the rule-based schedules, kernel by kernel, in turns (A/B).
 
-The README's kernels v11-v14 figures came from this: dump each kernel's schedule under one
+The kernels v11-v14 figures of benchmarks/JOURNAL.md came from this: dump each kernel's schedule under one
 checkout, dump again under another, then time the kernels that differ, both versions compiled
 into one library and timed alternately (median over ROUNDS, default 5; 2 threads as the worker).
 
