@@ -16,6 +16,8 @@ from autofuse.build import cpu_threads
 from autofuse.build import no_garbage_collection
 from autofuse.importer import InputSpec
 from autofuse.importer import LoadedModel
+from autofuse.importer import onnxruntime_session
+from autofuse.importer import save_for_onnxruntime
 
 
 def time_onnxruntime(
@@ -30,31 +32,13 @@ def time_onnxruntime(
     return time_callable(onnxruntime_runner(model, specs, feeds, threads), repeat, min_repeat_s)
 
 
-def save_for_onnxruntime(model: onnx.ModelProto, directory: str) -> str:
-    """`model` written to DIRECTORY/model.onnx (its weights beside it, so that a model over
-    protobuf's 2 GB limit saves too) for a worker to load; the model itself is left as it was
-    (saving with external data empties the tensors it writes out)."""
-    import os
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    path = os.path.join(directory, "model.onnx")
-    onnx.save(copy, path, save_as_external_data=True)
-    return path
-
-
 def onnxruntime_runner(
-    model: onnx.ModelProto, specs: Sequence[InputSpec], feeds: Sequence[np.ndarray], threads: int = 0
+    model: onnx.ModelProto | str, specs: Sequence[InputSpec], feeds: Sequence[np.ndarray], threads: int = 0
 ) -> Callable[[], object]:
-    """One inference of `model` by onnxruntime per call: CPU provider, all graph optimisations,
-    `threads` intra-op threads (0: build.cpu_threads(), as autofuse's kernels)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = threads or cpu_threads()
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    """One inference of `model` (or of the ONNX file at that path) by onnxruntime per call: CPU
+    provider, all graph optimisations, `threads` intra-op threads (0: build.cpu_threads(), as
+    autofuse's kernels)."""
+    sess = onnxruntime_session(model, threads or cpu_threads())
     inputs = {s.name: x for s, x in zip(specs, feeds)}
     return lambda: sess.run(None, inputs)
 

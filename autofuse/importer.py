@@ -520,13 +520,13 @@ def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[st
     return slim
 
 
-def run_onnxruntime(
-    model: onnx.ModelProto,
-    specs: Sequence[InputSpec],
-    feeds: Sequence[np.ndarray],
-    threads: int = 0,
-) -> list[np.ndarray]:
-    """Run `model` with onnxruntime (CPU provider, all graph optimisations)."""
+def onnxruntime_session(model: onnx.ModelProto | str, threads: int = 0):
+    """An onnxruntime session of `model` (or of the ONNX file at that path): CPU provider, all
+    graph optimisations, `threads` intra-op threads (0: onnxruntime's default). A model of more
+    than protobuf's 2 GiB is handed over as a file with its weights beside it: it cannot be
+    serialised as one message."""
+    import tempfile
+
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -534,8 +534,33 @@ def run_onnxruntime(
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(
-        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-    )
+    providers = ["CPUExecutionProvider"]
+    if isinstance(model, str):
+        return ort.InferenceSession(model, opts, providers=providers)
+    if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+    with tempfile.TemporaryDirectory() as tmp:  # the session holds the weights once made
+        return ort.InferenceSession(save_for_onnxruntime(model, tmp), opts, providers=providers)
+
+
+def save_for_onnxruntime(model: onnx.ModelProto, directory: str) -> str:
+    """`model` written to DIRECTORY/model.onnx (its weights beside it, so that a model over
+    protobuf's 2 GiB limit saves too) for onnxruntime or a worker to load; the model itself is
+    left as it was (saving with external data empties the tensors it writes out)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    path = str(Path(directory, "model.onnx"))
+    onnx.save(copy, path, save_as_external_data=True)
+    return path
+
+
+def run_onnxruntime(
+    model: onnx.ModelProto,
+    specs: Sequence[InputSpec],
+    feeds: Sequence[np.ndarray],
+    threads: int = 0,
+) -> list[np.ndarray]:
+    """Run `model` with onnxruntime (see `onnxruntime_session`)."""
+    sess = onnxruntime_session(model, threads)
     declared = {i.name for i in sess.get_inputs()}  # an input nothing reads may be gone (onnxslim)
     return list(sess.run(None, {s.name: x for s, x in zip(specs, feeds) if s.name in declared}))

@@ -374,12 +374,10 @@ def _measure_together(session: _Session, req: dict[str, Any], conn: Connection) 
 
 
 def _onnxruntime_sampler(path: str, session: _Session, config: Any) -> Any:
-    import onnx
-
     from autofuse.baselines import onnxruntime_runner
     from autofuse.baselines import sampler
 
-    run = onnxruntime_runner(onnx.load(path), session.specs, session.feeds)
+    run = onnxruntime_runner(path, session.specs, session.feeds)
     return sampler(run, config.min_repeat_ms / 1000)
 
 

@@ -189,7 +189,7 @@ def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
     import tempfile
 
     from autofuse.baselines import onnxruntime_agreement
-    from autofuse.baselines import save_for_onnxruntime
+    from autofuse.importer import save_for_onnxruntime
     from autofuse.build import MeasureConfig
     from autofuse.decision import paired_speedup
     from autofuse.importer import InputSpec
