@@ -90,7 +90,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
             relax.transform.DecomposeOpsForInference(),
         ]
     )(mod)
-    indexing = ("relax.take", "relax.scatter_elements")
+    indexing = ("relax.take", "relax.scatter_elements", "relax.scatter_nd")
     if _indexed_by_constants(mod, indexing):
         # constant indices are often computed in the graph (ONNX's negative indices wrapped by
         # `where`): folded first (only then: folding BERT-base's weights takes 3 s). The module
@@ -508,6 +508,8 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
             return self._take(call)
         if call.op.name == "relax.scatter_elements":
             return self._scatter(call)
+        if call.op.name == "relax.scatter_nd":
+            return self._scatter_rows(call)
         return call
 
     def _take(self, call: relax.Call) -> relax.Expr:
@@ -560,13 +562,45 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
 
         return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_slice")
 
+    def _scatter_rows(self, call: relax.Call) -> relax.Expr:
+        """Rows of the first axis overwritten at constant indices in steps (`x[a:b] = y`, ONNX
+        ScatterND with (K, 1) indices: Funnel's relative-position shift, four of them 240 of its
+        453 us of kernel time as TVM's serial loop): the updates where a row is one of them, the
+        data elsewhere."""
+        data, indices, updates = call.args
+        dims, given = _static_dims(data.ty), _static_dims(updates.ty)
+        if dims is None or given is None or str(call.attrs.reduction) != "update":
+            return call
+        shape = _static_dims(indices.ty)
+        if shape is None or len(shape) != 2 or shape[1] != 1 or given != [shape[0], *dims[1:]]:
+            return call
+        picked = _constant_indices(indices, dims[0])
+        if picked is None:
+            return call
+        picked = picked.reshape(-1)
+        step = int(picked[1] - picked[0]) if picked.size > 1 else 1
+        if step < 1 or np.any(np.diff(picked) != step):
+            return call
+        first, count = int(picked[0]), int(picked.size)
+
+        def overwritten(old: tvm.te.Tensor, new: tvm.te.Tensor) -> tvm.te.Tensor:
+            def element(row, *rest):
+                k = tvm.tirx.indexdiv(row - first, step)
+                hit = tvm.tirx.all(row >= first, tvm.tirx.indexmod(row - first, step) == 0, k < count)
+                return tvm.tirx.Select(hit, new[(tvm.tirx.min(tvm.tirx.max(k, 0), count - 1), *rest)], old[(row, *rest)])
+
+            return tvm.te.compute(dims, element, name="T_scatter")
+
+        return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_rows")
+
 
 @tvm.transform.module_pass(opt_level=0, name="AutofuseConstantIndexing")
 class ConstantIndexing:
     """Gathers and scatters at constant indices as the injective ops they compute: a take()
     whose indices are constants in steps (`x[:, i]` exported as ONNX Gather, a scan unrolled by
     the exporter, Mamba's 32 per layer) as a strided slice; a scatter_elements() that overwrites
-    one slice along its axis (RWKV's) as a select. TVM marks both opaque, since they read their
+    one slice along its axis (RWKV's), and a scatter_nd() that overwrites rows in steps
+    (Funnel's), as selects. TVM marks them opaque, since they read their
     indices from a tensor at run time, so FuseOps, and every plan, left each one a kernel of its
     own (257 of Mamba's 688 ops, each a VM call); rewritten, they fuse with the ops around them."""
 
