@@ -460,6 +460,9 @@ def _static_index_extents():
     """
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
+    if not (hasattr(fe, "_axis_extent") and hasattr(fe, "_normalize_negative_indices")):
+        yield  # a frontend without these helpers: its own conversion, slower to normalise
+        return
     stock_extent, stock_wrap = fe._axis_extent, fe._normalize_negative_indices
 
     @dataclass(frozen=True)

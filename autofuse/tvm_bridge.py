@@ -587,7 +587,8 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
             def element(row, *rest):
                 k = tvm.tirx.indexdiv(row - first, step)
                 hit = tvm.tirx.all(row >= first, tvm.tirx.indexmod(row - first, step) == 0, k < count)
-                return tvm.tirx.Select(hit, new[(tvm.tirx.min(tvm.tirx.max(k, 0), count - 1), *rest)], old[(row, *rest)])
+                at = tvm.tirx.min(tvm.tirx.max(k, 0), count - 1)  # in bounds where it is not read
+                return tvm.tirx.Select(hit, new[(at, *rest)], old[(row, *rest)])
 
             return tvm.te.compute(dims, element, name="T_scatter")
 

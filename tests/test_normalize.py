@@ -398,6 +398,23 @@ def test_a_take_of_constant_indices_in_steps_is_a_slice_that_fuses(indices, axis
     np.testing.assert_array_equal(got, np.take(x, np.array(indices), axis=axis) * np.float32(2))
 
 
+def _scattered(scatter, shape, updates, kernel, overwrites, rng):
+    """(x, the normalised module's output) of `scatter(x, updates * 2) + 1` on a random x: the
+    scatter rewritten as the injective `kernel` that fuses with its neighbours where it
+    `overwrites`, left an opaque kernel of its own otherwise."""
+
+    def op(x):
+        new = relax.op.multiply(relax.const(updates), relax.const(2.0, "float32"))
+        return relax.op.add(scatter(x, new), relax.const(1.0, "float32"))
+
+    normal = normalize(_module(op, shape))
+    graph = extract_graph(normal)
+    assert any(kernel in n.op for n in graph.nodes) == overwrites
+    assert all(n.fusable for n in graph.nodes) == overwrites
+    x = rng.standard_normal(shape).astype("float32")
+    return x, build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+
+
 @pytest.mark.parametrize("index, axis, overwrites", [
     (2, 1, True), (-1, 2, True), ("mixed", 1, False), ("partial", 1, False), ("reduce", 1, False)])
 def test_a_scatter_that_overwrites_one_constant_slice_is_a_select_that_fuses(index, axis, overwrites):
@@ -415,17 +432,8 @@ def test_a_scatter_that_overwrites_one_constant_slice_is_a_select_that_fuses(ind
     rng = np.random.default_rng(6)
     updates = rng.standard_normal(given).astype("float32")
 
-    def op(x):
-        new = relax.op.multiply(relax.const(updates), relax.const(2.0, "float32"))
-        written = relax.op.scatter_elements(x, relax.const(picked), new, axis=axis, reduction=reduction)
-        return relax.op.add(written, relax.const(1.0, "float32"))
-
-    normal = normalize(_module(op, shape))
-    graph = extract_graph(normal)
-    assert any("scatter_slice" in n.op for n in graph.nodes) == overwrites
-    assert all(n.fusable for n in graph.nodes) == overwrites
-    x = rng.standard_normal(shape).astype("float32")
-    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    x, got = _scattered(lambda x, new: relax.op.scatter_elements(
+        x, relax.const(picked), new, axis=axis, reduction=reduction), shape, updates, "scatter_slice", overwrites, rng)
     want = x.copy()
     for at in np.ndindex(*given):  # ONNX ScatterElements, element by element
         to = list(at)
@@ -447,17 +455,8 @@ def test_rows_a_scatter_nd_overwrites_in_steps_are_a_select_that_fuses(rows, ove
     rng = np.random.default_rng(8)
     updates = rng.standard_normal((len(picked), *shape[picked.shape[1]:])).astype("float32")
 
-    def op(x):
-        new = relax.op.multiply(relax.const(updates), relax.const(2.0, "float32"))
-        written = relax.op.scatter_nd(x, relax.const(picked), new, reduction=reduction)
-        return relax.op.add(written, relax.const(1.0, "float32"))
-
-    normal = normalize(_module(op, shape))
-    graph = extract_graph(normal)
-    assert any("scatter_rows" in n.op for n in graph.nodes) == overwrites
-    assert all(n.fusable for n in graph.nodes) == overwrites
-    x = rng.standard_normal(shape).astype("float32")
-    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [x])[0]
+    x, got = _scattered(lambda x, new: relax.op.scatter_nd(x, relax.const(picked), new, reduction=reduction),
+                        shape, updates, "scatter_rows", overwrites, rng)
     want = x.copy()
     for at, row in enumerate(picked):  # ONNX ScatterND, update by update
         want[tuple(row)] = want[tuple(row)] + updates[at] * 2 if reduction == "add" else updates[at] * 2
