@@ -461,7 +461,12 @@ def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
     are not constants or not all within the axis (left to the op's own rule for those)."""
     if not isinstance(indices, tvm.ir.expr.Constant):
         return None
-    picked = indices.value.numpy()
+    return _within(indices.value.numpy(), size)
+
+
+def _within(picked: np.ndarray, size: int) -> np.ndarray | None:
+    """Indices into an axis of `size`, negative ones counted from its end; None unless all are
+    within the axis."""
     if picked.size == 0 or np.any(picked < -size) or np.any(picked >= size):
         return None
     return np.where(picked < 0, picked + size, picked).astype(np.int64)
@@ -470,7 +475,8 @@ def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
 def _indexed_by_constants(mod: tvm.IRModule, ops: tuple[str, ...]) -> bool:
     """Whether a call of `ops` reads run-time data at indices computed from constants alone
     (which FoldConstant makes constants): a binding is constant-derived when its value is a
-    constant, or a call, tuple or tuple item of constant-derived values only."""
+    constant, a call, tuple or tuple item of constant-derived values only, or the shape of a
+    tensor of static shape."""
     leaves = (tvm.ir.expr.Constant, relax.ShapeExpr)  # tensors, shapes, PrimValues, strings, dtypes
     for func in mod.functions.values():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -488,7 +494,8 @@ def _indexed_by_constants(mod: tvm.IRModule, ops: tuple[str, ...]) -> bool:
                 if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
                     if v.op.name in ops and known(v.args[1]) and not known(v.args[0]):
                         return True
-                    if all(known(a) for a in v.args):
+                    static = v.op.name == "relax.shape_of" and _static_dims(v.args[0].ty)  # ScatterND's wrap
+                    if static or all(known(a) for a in v.args):
                         derived.add(b.var)
                 elif v is not None and (known(v) or isinstance(v, relax.TupleGetItem) and known(v.tuple_value)):
                     derived.add(b.var)
@@ -509,7 +516,7 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
         if call.op.name == "relax.scatter_elements":
             return self._scatter(call)
         if call.op.name == "relax.scatter_nd":
-            return self._scatter_rows(call)
+            return self._scatter_block(call)
         return call
 
     def _take(self, call: relax.Call) -> relax.Expr:
@@ -562,37 +569,46 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
 
         return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_slice")
 
-    def _scatter_rows(self, call: relax.Call) -> relax.Expr:
-        """Rows of the first axis overwritten at constant indices in steps (`x[a:b] = y`, ONNX
-        ScatterND with (K, 1) indices: Funnel's relative-position shift, four of them 240 of its
-        453 us of kernel time as TVM's serial loop): the updates where a row is one of them, the
-        data elsewhere."""
+    def _scatter_block(self, call: relax.Call) -> relax.Expr:
+        """A block overwritten at constant indices in steps (`x[a:b] = y`, `x[:, a:b] = y`: ONNX
+        ScatterND whose (*B, M) indices enumerate, in order, a grid of B[j] positions in steps
+        along each of the first M axes; Funnel's relative-position shift, four of them 240 of its
+        453 us of kernel time as TVM's serial loop): the updates inside the block, the data
+        elsewhere."""
         data, indices, updates = call.args
-        dims, given = _static_dims(data.ty), _static_dims(updates.ty)
-        if dims is None or given is None or str(call.attrs.reduction) != "update":
+        dims, given, shape = _static_dims(data.ty), _static_dims(updates.ty), _static_dims(indices.ty)
+        if dims is None or given is None or shape is None or str(call.attrs.reduction) != "update":
             return call
-        shape = _static_dims(indices.ty)
-        if shape is None or len(shape) != 2 or shape[1] != 1 or given != [shape[0], *dims[1:]]:
+        counts, axes = shape[:-1], shape[-1]
+        if len(counts) != axes or axes > len(dims) or given != [*counts, *dims[axes:]]:
             return call
-        picked = _constant_indices(indices, dims[0])
-        if picked is None:
+        if not isinstance(indices, tvm.ir.expr.Constant):
             return call
-        picked = picked.reshape(-1)
-        step = int(picked[1] - picked[0]) if picked.size > 1 else 1
-        if step < 1 or np.any(np.diff(picked) != step):
-            return call
-        first, count = int(picked[0]), int(picked.size)
+        at = indices.value.numpy().astype(np.int64)
+        grid = np.indices(counts)
+        first, step = [], []
+        for j in range(axes):
+            picked = _within(at[..., j], dims[j])
+            if picked is None:
+                return call
+            ahead = picked[tuple(1 if a == j else 0 for a in range(axes))] if counts[j] > 1 else None
+            first.append(int(picked.flat[0]))
+            step.append(int(ahead) - first[j] if ahead is not None else 1)
+            if step[j] < 1 or np.any(picked != first[j] + step[j] * grid[j]):
+                return call
 
         def overwritten(old: tvm.te.Tensor, new: tvm.te.Tensor) -> tvm.te.Tensor:
-            def element(row, *rest):
-                k = tvm.tirx.indexdiv(row - first, step)
-                hit = tvm.tirx.all(row >= first, tvm.tirx.indexmod(row - first, step) == 0, k < count)
-                at = tvm.tirx.min(tvm.tirx.max(k, 0), count - 1)  # in bounds where it is not read
-                return tvm.tirx.Select(hit, new[(at, *rest)], old[(row, *rest)])
+            def element(*i):
+                inside, at = [], []
+                for j in range(axes):
+                    k = tvm.tirx.indexdiv(i[j] - first[j], step[j])
+                    inside += [i[j] >= first[j], tvm.tirx.indexmod(i[j] - first[j], step[j]) == 0, k < counts[j]]
+                    at.append(tvm.tirx.min(tvm.tirx.max(k, 0), counts[j] - 1))  # in bounds where not read
+                return tvm.tirx.Select(tvm.tirx.all(*inside), new[(*at, *i[axes:])], old[i])
 
             return tvm.te.compute(dims, element, name="T_scatter")
 
-        return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_rows")
+        return self.builder_.call_te(overwritten, data, updates, primfunc_name_hint="scatter_block")
 
 
 @tvm.transform.module_pass(opt_level=0, name="AutofuseConstantIndexing")
@@ -600,8 +616,8 @@ class ConstantIndexing:
     """Gathers and scatters at constant indices as the injective ops they compute: a take()
     whose indices are constants in steps (`x[:, i]` exported as ONNX Gather, a scan unrolled by
     the exporter, Mamba's 32 per layer) as a strided slice; a scatter_elements() that overwrites
-    one slice along its axis (RWKV's), and a scatter_nd() that overwrites rows in steps
-    (Funnel's), as selects. TVM marks them opaque, since they read their
+    one slice along its axis (RWKV's), and a scatter_nd() that overwrites a block in steps
+    (Funnel's rows), as selects. TVM marks them opaque, since they read their
     indices from a tensor at run time, so FuseOps, and every plan, left each one a kernel of its
     own (257 of Mamba's 688 ops, each a VM call); rewritten, they fuse with the ops around them."""
 

@@ -344,8 +344,12 @@ def test_gathers_at_constant_indices_are_wrapped_at_import(tmp_path):
 
 def _calls(mod, *names):
     found = []
-    relax.analysis.post_order_visit(
-        mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") in names else None)
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") in names:
+            found.append(e)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
     return found
 
 
@@ -377,3 +381,31 @@ def test_a_model_over_protobufs_limit_reaches_onnxruntime_as_a_file(monkeypatch)
     np.testing.assert_array_equal(from_file, in_memory)
     np.testing.assert_allclose(in_memory, x @ weight, rtol=1e-6)
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(model.graph.initializer[0]), weight)  # kept
+
+
+def test_a_slice_assignment_exported_as_scatter_nd_fuses(tmp_path):
+    # torch's dynamo exporter writes `x[:, 1:3] = y` as transpose -> ScatterND -> transpose, and
+    # TVM's ScatterND wraps the constant indices by the data's run-time shape (shape_of): a
+    # constant all the same, folded, and the scatter becomes a select that fuses
+    from tests.onnx_import import check_against_onnxruntime
+
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+        helper.make_node("Mul", ["y", "three"], ["y3"]),
+        helper.make_node("Transpose", ["y3"], ["yt"], perm=[1, 0, 2]),
+        helper.make_node("ScatterND", ["xt", "rows", "yt"], ["written"]),
+        helper.make_node("Transpose", ["written"], ["back"], perm=[1, 0, 2]),
+        helper.make_node("Mul", ["back", "two"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 5])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 6, 5])],
+        [onnx.numpy_helper.from_array(np.array([[1], [-4]], "int64"), "rows"),
+         helper.make_tensor("three", TensorProto.FLOAT, [], [3.0]),
+         helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    w, _ = check_against_onnxruntime(model, tmp_path)
+    assert "scatter_block" in [n.op for n in w.graph.nodes] and all(n.fusable for n in w.graph.nodes)

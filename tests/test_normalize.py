@@ -442,24 +442,36 @@ def test_a_scatter_that_overwrites_one_constant_slice_is_a_select_that_fuses(ind
     np.testing.assert_allclose(got, want + 1, rtol=1e-6)
 
 
-@pytest.mark.parametrize("rows, overwrites", [
-    ([0, 1, 2, 3], True), ([2, 3, 4, 5, 6], True), ([-7, -5, -3], True), ([1, 3, 2], False),
-    ("reduce", False), ("two_axes", False)])
-def test_rows_a_scatter_nd_overwrites_in_steps_are_a_select_that_fuses(rows, overwrites):
-    # `x[a:b] = y` exported as ScatterND with (K, 1) indices (Funnel's relative-position shift:
-    # four of them, 240 of its 453 us of kernel time): the updates on those rows, the data elsewhere
-    shape = (8, 3, 5)
-    reduction = "add" if rows == "reduce" else "update"
-    picked = np.array([[1, 2], [4, 0]] if rows == "two_axes" else
-                      [[r] for r in ([0, 1, 2, 3] if rows == "reduce" else rows)], "int64")
-    rng = np.random.default_rng(8)
-    updates = rng.standard_normal((len(picked), *shape[picked.shape[1]:])).astype("float32")
+def _grid(starts, counts, steps):
+    """ScatterND indices (*counts, M) enumerating a block in steps along the first M axes."""
+    axes = np.indices(counts)
+    return np.stack([s + d * axes[j] for j, (s, d) in enumerate(zip(starts, steps))], -1).astype("int64")
 
+
+@pytest.mark.parametrize("picked, reduction, overwrites", [
+    (_grid([0], [4], [1]), "update", True),                   # x[0:4] = y
+    (_grid([2], [5], [1]), "update", True),
+    (_grid([-7], [3], [2]), "update", True),                  # x[1:6:2] = y, negative indices
+    (_grid([1, 0], [2, 3], [1, 1]), "update", True),          # x[1:3, 0:3] = y
+    (_grid([0, 1], [4, 2], [2, 1]), "update", True),          # x[0:8:2, 1:3] = y
+    (np.array([[1], [3], [2]], "int64"), "update", False),    # rows out of order
+    (_grid([0], [4], [1]), "add", False),
+    (np.array([[1, 2], [4, 0]], "int64"), "update", False),   # two elements, not a block
+    (np.array([[[0, 0], [0, 1]], [[2, 0], [1, 1]]], "int64"), "update", False),
+])
+def test_a_block_a_scatter_nd_overwrites_in_steps_is_a_select_that_fuses(picked, reduction, overwrites):
+    # `x[a:b] = y`, `x[:, a:b] = y` exported as ScatterND (Funnel's relative-position shift:
+    # four of them, 240 of its 453 us of kernel time): the updates inside the block, the data
+    # elsewhere
+    shape = (8, 3, 5)
+    rng = np.random.default_rng(8)
+    updates = rng.standard_normal((*picked.shape[:-1], *shape[picked.shape[-1]:])).astype("float32")
     x, got = _scattered(lambda x, new: relax.op.scatter_nd(x, relax.const(picked), new, reduction=reduction),
-                        shape, updates, "scatter_rows", overwrites, rng)
+                        shape, updates, "scatter_block", overwrites, rng)
     want = x.copy()
-    for at, row in enumerate(picked):  # ONNX ScatterND, update by update
-        want[tuple(row)] = want[tuple(row)] + updates[at] * 2 if reduction == "add" else updates[at] * 2
+    for at in np.ndindex(*picked.shape[:-1]):  # ONNX ScatterND, update by update
+        to = tuple(picked[at])
+        want[to] = want[to] + updates[at] * 2 if reduction == "add" else updates[at] * 2
     np.testing.assert_allclose(got, want + 1, rtol=1e-6)
 
 
