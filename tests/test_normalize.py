@@ -486,11 +486,14 @@ def test_constant_index_slices_and_selects_build_for_cuda():
     def op(x):
         step = relax.op.take(x, relax.const(np.array(2, "int64")), axis=1)  # (2, 8)
         row = relax.op.expand_dims(relax.op.multiply(step, relax.const(2.0, "float32")), 1)
-        return relax.op.scatter_elements(x, relax.const(picked), row, axis=1)
+        written = relax.op.scatter_elements(x, relax.const(picked), row, axis=1)
+        block = relax.op.multiply(relax.op.strided_slice(written, [1], [0], [3]), relax.const(3.0, "float32"))
+        return relax.op.scatter_nd(written, relax.const(_grid([0, 2], [2, 3], [1, 1])), block)
 
     normal = normalize(_module(op, (2, 6, 8)))
     graph = extract_graph(normal)
-    assert {"take_slice", "scatter_slice"} <= {n.op for n in graph.nodes} and all(n.fusable for n in graph.nodes)
+    kinds = {"take_slice", "scatter_slice", "scatter_block"}
+    assert kinds <= {n.op for n in graph.nodes} and all(n.fusable for n in graph.nodes)
     plan = tvm_bridge.fuseops_plan(normal, graph)
     fused, kernels = apply.fuse(normal, graph, plan)
     source = cuda_source(build.build(fused, build.make_target("cuda:sm_90")).mod)
