@@ -580,15 +580,15 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
         if dims is None or given is None or shape is None or str(call.attrs.reduction) != "update":
             return call
         counts, axes = shape[:-1], shape[-1]
-        if len(counts) != axes or axes > len(dims) or given != [*counts, *dims[axes:]]:
+        if not 1 <= axes <= len(dims) or len(counts) != axes or given != [*counts, *dims[axes:]]:
             return call
         if not isinstance(indices, tvm.ir.expr.Constant):
             return call
-        at = indices.value.numpy().astype(np.int64)
+        coords = indices.value.numpy().astype(np.int64)
         grid = np.indices(counts)
         first, step = [], []
         for j in range(axes):
-            picked = _within(at[..., j], dims[j])
+            picked = _within(coords[..., j], dims[j])
             if picked is None:
                 return call
             ahead = picked[tuple(1 if a == j else 0 for a in range(axes))] if counts[j] > 1 else None
