@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -446,6 +447,16 @@ def _relax_clip():
         fe.Clip = stock
 
 
+class _AxisSize(NamedTuple):
+    """The arguments of the frontend's `_axis_extent` (see _static_index_extents): the size a
+    wrap of negative indices needs, read only where the indices are not constants."""
+
+    bb: relax.BlockBuilder
+    data: relax.Expr
+    axis: int
+    dtype: str
+
+
 @contextmanager
 def _static_index_extents():
     """TVM's ONNX frontend with constant gather indices wrapped at import.
@@ -465,28 +476,20 @@ def _static_index_extents():
         return
     stock_extent, stock_wrap = fe._axis_extent, fe._normalize_negative_indices
 
-    @dataclass(frozen=True)
-    class AxisSize:  # the size a wrap needs, read only where the indices are not constants
-        bb: relax.BlockBuilder
-        data: relax.Expr
-        axis: int
-        dtype: str
-
     def wrap(bb, indices, axis_extent):
-        size = axis_extent
-        if isinstance(axis_extent, AxisSize):
+        if isinstance(axis_extent, _AxisSize):
             dims = onnx_converters.static_shape(axis_extent.data)
             size = dims[axis_extent.axis] if dims and -len(dims) <= axis_extent.axis < len(dims) else None
-        elif onnx_converters.is_const(axis_extent):
-            size = axis_extent.value.numpy()
-        if onnx_converters.is_const(indices) and size is not None and not isinstance(size, relax.Expr):
+        else:  # another converter's size (OneHot's depth, GatherND's)
+            size = axis_extent.value.numpy() if onnx_converters.is_const(axis_extent) else None
+        if onnx_converters.is_const(indices) and size is not None:
             i = indices.value.numpy()
             return onnx_converters.array_const(np.where(i < 0, i + size, i).astype(i.dtype))
-        if isinstance(axis_extent, AxisSize):
-            axis_extent = stock_extent(axis_extent.bb, axis_extent.data, axis_extent.axis, axis_extent.dtype)
+        if isinstance(axis_extent, _AxisSize):
+            axis_extent = stock_extent(*axis_extent)
         return stock_wrap(bb, indices, axis_extent)
 
-    fe._axis_extent = lambda bb, data, axis, dtype: AxisSize(bb, data, axis, dtype)
+    fe._axis_extent = _AxisSize
     fe._normalize_negative_indices = wrap
     try:
         yield

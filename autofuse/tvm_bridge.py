@@ -472,6 +472,14 @@ def _within(picked: np.ndarray, size: int) -> np.ndarray | None:
     return np.where(picked < 0, picked + size, picked).astype(np.int64)
 
 
+def _in_steps(picked: np.ndarray) -> tuple[int, int] | None:
+    """(first, step) of 1-D indices that go up in equal steps of one or more; None otherwise."""
+    step = int(picked[1] - picked[0]) if picked.size > 1 else 1
+    if step < 1 or np.any(np.diff(picked) != step):
+        return None
+    return int(picked[0]), step
+
+
 def _indexed_by_constants(mod: tvm.IRModule, ops: tuple[str, ...]) -> bool:
     """Whether a call of `ops` reads run-time data at indices computed from constants alone
     (which FoldConstant makes constants): a binding is constant-derived when its value is a
@@ -530,11 +538,10 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
         picked = _constant_indices(indices, dims[axis])
         if picked is None or picked.ndim > 1:
             return call
-        kept, picked = picked.ndim == 1, picked.reshape(-1)
-        step = int(picked[1] - picked[0]) if picked.size > 1 else 1
-        if step < 1 or np.any(np.diff(picked) != step):
+        kept, steps = picked.ndim == 1, _in_steps(picked.reshape(-1))
+        if steps is None:
             return call
-        first = int(picked[0])
+        first, step = steps
 
         def sliced(data: tvm.te.Tensor) -> tvm.te.Tensor:
             def element(*i):
@@ -587,15 +594,14 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
         coords = indices.value.numpy().astype(np.int64)
         grid = np.indices(counts)
         first, step = [], []
-        for j in range(axes):
+        for j in range(axes):  # coordinate j: in steps along axis j of the grid, the same across it
             picked = _within(coords[..., j], dims[j])
-            if picked is None:
+            along = tuple(slice(None) if a == j else 0 for a in range(axes))
+            steps = None if picked is None else _in_steps(picked[along])
+            if steps is None or np.any(picked != steps[0] + steps[1] * grid[j]):
                 return call
-            ahead = picked[tuple(1 if a == j else 0 for a in range(axes))] if counts[j] > 1 else None
-            first.append(int(picked.flat[0]))
-            step.append(int(ahead) - first[j] if ahead is not None else 1)
-            if step[j] < 1 or np.any(picked != first[j] + step[j] * grid[j]):
-                return call
+            first.append(steps[0])
+            step.append(steps[1])
 
         def overwritten(old: tvm.te.Tensor, new: tvm.te.Tensor) -> tvm.te.Tensor:
             def element(*i):
