@@ -12,11 +12,12 @@ here, the stock converter still doing the common case:
   a scale, and zero point, per block of `block_size` elements along the axis, as 4-bit weight
   quantizers write them); 4-bit constants (int4/uint4, which TVM cannot hold) are dequantized
   at import instead (importer, onnx_constants.fold).
-And two that computed the right numbers in a form normalisation could not take: Sum, Mean,
+And three that computed the right numbers in a form normalisation could not take: Sum, Mean,
 Max and Min of several tensors stacked them into one tensor of a rank more and reduced it, which
 ConvertLayout refused (Caffe2-exported ResNet-50's residual Sum: "Invalid SLayout"); they are
 now folded pairwise (add, maximum, ...), elementwise ops like any other; Cast from float to
-a narrow integer type spelt its wrap-around out (see _cast).
+a narrow integer type spelt its wrap-around out (see _cast). Einsum was a TE kernel of its own,
+opaque to normalisation; it is now Relax's einsum op, a matmul where it is one.
 """
 
 from __future__ import annotations
@@ -279,7 +280,18 @@ def _pairwise(op: str) -> type:
     return converter(op, {1: convert})
 
 
+def _einsum(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Relax's einsum op, which normalisation turns into a matmul where it is one
+    (tvm_bridge.einsum_as_matmul); an equation Relax's op refuses keeps the stock TE kernel."""
+    equation = text(attr["equation"]).replace(" ", "")
+    try:
+        return bb.normalize(relax.op.einsum(tuple(inputs), equation))
+    except tvm.TVMError:
+        return _stock("Einsum")._impl_v12(bb, inputs, attr, params)
+
+
 CONVERTERS: dict[str, type] = {
+    "Einsum": converter("Einsum", {12: _einsum}),
     "ConvTranspose": converter("ConvTranspose", {1: _conv_transpose}),
     "LayerNormalization": converter("LayerNormalization", {17: _layer_norm}),
     "IsInf": converter("IsInf", {10: _is_inf}),

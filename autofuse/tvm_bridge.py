@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -64,8 +65,9 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
 
     Conv+BatchNorm with constant parameters is folded into the conv weights and a bias
     (W*g/s, (b-m)*g/s+beta); remaining batch norms are decomposed to elementwise ops.
-    2-D and 1-D convolutions are converted to channels-last (NHWC/NWC data, HWIO/WIO weights; an
-    audio model's feature extractor as an image model's stem) and the layout is
+    Convolutions are converted to channels-last (NHWC/NWC/NDHWC data, HWIO/WIO/DHWIO weights; an
+    audio model's feature extractor as an image model's stem; a video model's 3-D convolutions
+    ran at 5 GFLOP/s channels-first, 190 channels-last) and the layout is
     propagated through the elementwise ops and pools around them: the output channel is then the
     contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
     (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
@@ -100,13 +102,13 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         rewritten = ConstantIndexing()(folded)
         mod = rewritten if count_calls(rewritten, *indexing) < count_calls(folded, *indexing) else mod
     mod = LayoutFriendlyOps()(mod)
-    if count_calls(mod, "relax.nn.conv2d") or count_calls(mod, "relax.nn.conv1d"):
+    if any(count_calls(mod, f"relax.nn.conv{d}d") for d in (1, 2, 3)):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
         try:
             mod = relax.transform.ConvertLayout(
                 {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
-                 "relax.nn.conv1d": ["NWC", "WIO"]}
+                 "relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv3d": ["NDHWC", "DHWIO"]}
             )(mod)
         except Exception as err:  # noqa: BLE001 - any failure of TVM's pass: keep the layout
             # channels-first is slower, not wrong. The failures met so far (std::bad_alloc on a
@@ -324,6 +326,8 @@ class _LayoutRewriter(relax.PyExprMutator):
             return self._quantize(call)
         if name == "relax.nn.conv2d_transpose":
             return self._upsampling_matmul(call)
+        if name == "relax.einsum":
+            return self._einsum_matmul(call)
         if name in ("relax.squeeze", "relax.permute_dims"):
             return self._axes_from_zero(call)
         if name == "relax.stack":  # the layout rule fails ("Index -1 out of bounds"): unrolled RNNs
@@ -398,6 +402,35 @@ class _LayoutRewriter(relax.PyExprMutator):
         placed = emit(relax.op.permute_dims(blocks, [0, 3, 1, 4, 2, 5]))
         return emit(relax.op.reshape(placed, [n, o, h * kh, wd * kw]))
 
+    def _einsum_matmul(self, call: relax.Call) -> relax.Expr:
+        """A two-operand einsum that is a batched matmul (MaxViT's attention, `B G H I D, B G H
+        J D -> B G H I J`) as one: permute_dims and reshape around relax.matmul. TVM legalises
+        einsum as one generic loop nest that no matmul schedule recognises (MaxViT-T's 44
+        einsums ran at 2-10 GFLOP/s); as matmuls, they get the GEMM tiles and fuse like
+        ONNX's MatMul. Others (an outer product, a diagonal, an ellipsis) stay einsums."""
+        operands = call.args[0]
+        if not isinstance(operands, relax.Tuple) or len(operands.fields) != 2:
+            return call
+        a, b = operands.fields
+        shapes = [_static_dims(x.ty) for x in (a, b)]
+        dtypes = {str(getattr(x.ty, "dtype", "")) for x in (a, b)}
+        if None in shapes or len(dtypes) != 1:
+            return call
+        steps = einsum_as_matmul(str(call.attrs.subscripts), *shapes)
+        if steps is None:
+            return call
+        emit = self.builder_.normalize
+
+        def arrange(x: relax.Expr, perm: list[int], shape: list[int]) -> relax.Expr:
+            if perm != sorted(perm):
+                x = emit(relax.op.permute_dims(x, perm))
+            return x if _static_dims(x.ty) == shape else emit(relax.op.reshape(x, shape))
+
+        product = emit(relax.op.matmul(arrange(a, steps.perm_a, steps.shape_a), arrange(b, steps.perm_b, steps.shape_b)))
+        if _static_dims(product.ty) != steps.unflat:
+            product = emit(relax.op.reshape(product, steps.unflat))
+        return product if steps.perm_out == sorted(steps.perm_out) else emit(relax.op.permute_dims(product, steps.perm_out))
+
     def _quantize(self, call: relax.Call) -> relax.Expr:
         """As TVM's legalisation computes them: (x - zero) * scale, the difference in int32;
         clip(round(x / scale) + zero) cast to the quantized type. (VectorMath later divides by a
@@ -445,6 +478,56 @@ class _LayoutRewriter(relax.PyExprMutator):
             return param
         axis = int(axis) % ndim
         return self.builder_.normalize(relax.op.reshape(param, [1] * axis + shape + [1] * (ndim - axis - 1)))
+
+
+class MatmulSteps(NamedTuple):
+    """An einsum as a batched matmul: each operand permuted to [batch, free, contracted] (B: [batch,
+    contracted, free]) and reshaped to [*batch, rows, k] ([*batch, k, columns]); the product
+    reshaped to [*batch, *rows, *columns], then permuted to the einsum's output order."""
+
+    perm_a: list[int]
+    shape_a: list[int]
+    perm_b: list[int]
+    shape_b: list[int]
+    unflat: list[int]
+    perm_out: list[int]
+
+
+def einsum_as_matmul(equation: str, shape_a: list[int], shape_b: list[int]) -> MatmulSteps | None:
+    """The matmul an einsum of two operands computes, or None where it is not one: every letter
+    of an operand must be a batch axis (in both operands and the output), a free axis (in one
+    operand and the output) or contracted (in both operands, not the output), with at least one
+    contracted; no letter twice in a term, no ellipsis. Implicit output (no '->'): the letters
+    that appear once, sorted, as ONNX and numpy define it."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if "." in eq or len(terms) != 2 or not all(t.isalpha() for t in terms) or (out and not out.isalpha()):
+        return None
+    ta, tb = terms
+    if not arrow:
+        out = "".join(sorted(c for c in set(ta + tb) if (ta + tb).count(c) == 1))
+    if any(len(set(t)) != len(t) for t in (ta, tb, out)) or len(ta) != len(shape_a) or len(tb) != len(shape_b):
+        return None
+    size = dict(zip(ta, shape_a))
+    if any(size.setdefault(c, n) != n for c, n in zip(tb, shape_b)) or not set(out) <= set(ta + tb):
+        return None
+    batch = [c for c in out if c in ta and c in tb]
+    rows = [c for c in out if c in ta and c not in tb]
+    columns = [c for c in out if c in tb and c not in ta]
+    contracted = [c for c in ta if c in tb and c not in out]
+    if not contracted or len(batch) + len(rows) + len(contracted) != len(ta) or \
+            len(batch) + len(columns) + len(contracted) != len(tb):
+        return None  # no contraction (an outer product), or an axis summed within one operand
+    dims = [size[c] for c in batch]
+    k = math.prod(size[c] for c in contracted)
+    m, n = math.prod(size[c] for c in rows), math.prod(size[c] for c in columns)
+    flat = batch + rows + columns
+    return MatmulSteps(
+        perm_a=[ta.index(c) for c in batch + rows + contracted], shape_a=[*dims, m, k],
+        perm_b=[tb.index(c) for c in batch + contracted + columns], shape_b=[*dims, k, n],
+        unflat=[size[c] for c in flat], perm_out=[flat.index(c) for c in out],
+    )
 
 
 def _static_dims(ty: object) -> list[int] | None:
@@ -636,7 +719,8 @@ class LayoutFriendlyOps:
     """Ops that ConvertLayout has no rule for in TVM 0.27, rewritten as the elementwise ops they
     compute, which it carries channels-last: clip (ONNX HardSigmoid, HardSwish), leaky ReLU,
     quantize and dequantize (a QDQ int8 model's, or a QOperator one's rewritten by onnx_qlinear);
-    and transposed convolutions with stride = kernel, as a matmul (see _upsampling_matmul).
+    transposed convolutions with stride = kernel, and einsums that are batched matmuls, as a
+    matmul (see _upsampling_matmul, _einsum_matmul).
     Casts to the type their input has are dropped; squeeze and permute_dims get their axes
     counted from the front (ConvertLayout fails on negative ones, see _axes_from_zero), and
     stack becomes the concatenation of expanded inputs it computes (its layout rule fails).
@@ -673,7 +757,7 @@ class _ChannelPadder(relax.PyExprMutator):
         call = super().visit_call_(call)
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
             return call
-        rank = {"relax.nn.conv2d": 4, "relax.nn.conv1d": 3}.get(call.op.name)
+        rank = {"relax.nn.conv3d": 5, "relax.nn.conv2d": 4, "relax.nn.conv1d": 3}.get(call.op.name)
         if rank and int(call.attrs.groups) == 1 and call.args[1].ty.ndim == rank:
             # 1-D too: Silero VAD's STFT as a 256-tap convolution into 258 channels, 757 us as
             # a dot product per output (its LSTM model 0.84 -> 0.14 ms)

@@ -277,26 +277,29 @@ def test_whole_tile_columns_are_two_or_three_vectors_wide():
         assert n - columns < 2 * CHANNEL_MULTIPLE  # the least such count: 8 x odd -> 8 x (odd + 1)
 
 
-@pytest.mark.parametrize("groups", [1, 4])
-def test_1d_convolutions_run_channels_last(groups):
+@pytest.mark.parametrize("dims, groups", [(1, 1), (1, 4), (3, 1), (3, 4)])
+def test_1d_and_3d_convolutions_run_channels_last(dims, groups):
     # an audio model's feature extractor and positional convolution (wav2vec2): in NCW the
     # output channels are not the contiguous axis and nothing vectorised (its grouped 16-tap
-    # convolution 1011 us, 38 channels-last; the model 3.4 -> 0.97 ms)
+    # convolution 1011 us, 38 channels-last; the model 3.4 -> 0.97 ms). A video model's 3-D
+    # convolutions likewise (R3D-18's 64 -> 64 on 8x56x56: 1.14 s a call in NCDHW, 27 ms NDHWC)
     rng = np.random.default_rng(6)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16, 50), "float32"))
+    shape = (1, 16, 50) if dims == 1 else (1, 16, 4, 6, 7)
+    conv = {1: relax.op.nn.conv1d, 3: relax.op.nn.conv3d}[dims]
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            w1 = relax.const(rng.standard_normal((16, 16 // groups, 3)).astype("float32"))
-            a = bb.emit(relax.op.nn.gelu(relax.op.nn.conv1d(x, w1, strides=2, groups=groups)))
-            w2 = relax.const(rng.standard_normal((16, 16, 3)).astype("float32"))
-            out = bb.emit_output(relax.op.nn.conv1d(a, w2, padding=1))
+            w1 = relax.const(rng.standard_normal((16, 16 // groups) + (3,) * dims).astype("float32"))
+            a = bb.emit(relax.op.nn.gelu(conv(x, w1, strides=2, groups=groups)))
+            w2 = relax.const(rng.standard_normal((16, 16) + (3,) * dims).astype("float32"))
+            out = bb.emit_output(conv(a, w2, padding=1))
         bb.emit_func_output(out)
     mod = bb.get()
     normal = normalize(mod)
     assert _transposes(normal) == 2  # the input's and the output's only
-    assert "conv1d_nwc" in normal.script()
-    _assert_computes_as_legalized(normal, mod, rng.standard_normal((1, 16, 50)).astype("float32"), 1e-4)
+    assert {1: "conv1d_nwc", 3: "conv3d_ndhwc"}[dims] in normal.script()
+    _assert_computes_as_legalized(normal, mod, rng.standard_normal(shape).astype("float32"), 1e-4)
 
 
 @pytest.mark.parametrize(("length", "positions", "computed"), [(399, 199, 200), (3199, 1599, 1600), (401, 200, 200), (67, 33, 35), (19, 9, 9)])
