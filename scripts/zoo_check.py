@@ -151,6 +151,11 @@ def torch_models() -> dict[str, tuple[Any, tuple[int, ...]]]:
         "efficientnet_b0": (tv.efficientnet_b0, SMALL_IMAGE),
         "lraspp": (lambda: tv.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None),
                    SMALL_IMAGE),
+        # at their own sizes: MaxViT's windows need 224x224 (its einsum attention), the video
+        # models' 3-D convolutions run on 8 frames of 112x112
+        "maxvit": (tv.maxvit_t, (1, 3, 224, 224)),
+        "r3d": (tv.video.r3d_18, (1, 3, 8, 112, 112)),
+        "r2plus1d": (tv.video.r2plus1d_18, (1, 3, 8, 112, 112)),
         "lstm": (lambda: Recurrent("lstm"), (1, 16, 32)),
         "gru": (lambda: Recurrent("gru"), (1, 16, 32)),
         "torch_transformer": (lambda: Recurrent("torch_transformer"), (1, 16, 64)),

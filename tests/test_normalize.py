@@ -233,7 +233,7 @@ def test_transposed_convolution_with_stride_equal_to_kernel_becomes_a_matmul(ker
 
 
 @pytest.mark.parametrize("op, rows, channels, computed", [
-    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv1d", 6, 258, 264), ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1), ("conv2d", 36, 40, 40),
+    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv3d", 72, 21, 24), ("conv1d", 6, 258, 264), ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1), ("conv2d", 36, 40, 40),
     ("matmul", 3, 101, 104), ("matmul", 3, 200, 200), ("matmul", 3, 21, 21),
     ("matmul", 8, 101, 112), ("matmul", 8, 200, 208), ("matmul", 8, 120, 120), ("matmul", 8, 8210, 8224)])
 def test_output_channels_no_vector_divides_are_computed_padded_and_sliced(op, rows, channels, computed):
@@ -244,13 +244,16 @@ def test_output_channels_no_vector_divides_are_computed_padded_and_sliced(op, ro
     # one vector (a CRNN's 32 x 1024 x 8210 output layer: 4.5 -> 3.1 ms alone)
     rng = np.random.default_rng(5)
     bb = relax.BlockBuilder()
-    shape = {"conv2d": (1, 8, 6, 6), "conv1d": (1, 8, rows)}.get(op, (rows, 40))
+    shape = {"conv2d": (1, 8, 6, 6), "conv3d": (1, 8, 2, 6, 6), "conv1d": (1, 8, rows)}.get(op, (rows, 40))
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             if op == "conv2d":
                 w = relax.const(rng.standard_normal((channels, 8, 3, 3)).astype("float32"))
                 y = relax.op.nn.conv2d(x, w, padding=1)
+            elif op == "conv3d":
+                w = relax.const(rng.standard_normal((channels, 8, 3, 3, 3)).astype("float32"))
+                y = relax.op.nn.conv3d(x, w, padding=1)
             elif op == "conv1d":  # Silero VAD's STFT: 258 channels (the model 0.84 -> 0.14 ms)
                 w = relax.const(rng.standard_normal((channels, 8, 3)).astype("float32"))
                 y = relax.op.nn.conv1d(x, w, padding=1)
