@@ -535,3 +535,36 @@ def test_indices_computed_from_constants_are_folded_first_and_only_when_some_are
                 out = bb.emit_output(relax.op.take(table, ids, axis=0))
             bb.emit_func_output(out)
         assert not _indexed_by_constants(bb.get(), ("relax.take",))
+
+
+@pytest.mark.parametrize("op, image, kernel, stride, dilation, padding, groups, computed", [
+    ("conv2d", (14, 14), (3, 3), 1, 36, 36, 1, (1, 1)),  # DeepLabV3's ASPP at 224x224: a 1x1
+    ("conv2d", (14, 14), (3, 3), 1, 24, 24, 1, (1, 1)),
+    ("conv2d", (14, 14), (3, 3), 1, 12, 12, 1, (3, 3)),  # every tap reads the image somewhere
+    ("conv2d", (2, 2), (7, 7), 1, 1, 3, 1, (3, 3)),  # a 7x7 kernel over a 2x2 map
+    ("conv2d", (1, 6), (3, 3), 1, 1, 1, 4, (1, 3)),  # one row: only the middle row of taps
+    ("conv2d", (3, 3), (5, 5), 2, 1, 2, 1, (5, 5)),  # strided: the outer taps still read
+    ("conv1d", (4,), (7,), 1, 2, 6, 1, (3,)),
+    ("conv3d", (1, 5, 5), (3, 3, 3), 1, 1, 1, 1, (1, 3, 3)),  # one frame
+])
+def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dilation, padding, groups, computed):
+    from autofuse.tvm_bridge import live_taps
+
+    rng = np.random.default_rng(8)
+    shape = (1, 8, *image)
+    conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((16, 8 // groups, *kernel)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation,
+                                                       groups=groups)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    normal = normalize(mod)
+    # the convolution kernel's weight buffer, channels-last: the spatial taps lead
+    convs = [f for gv, f in normal.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op in gv.name_hint]
+    assert [tuple(int(d) for d in f.params[1].shape)[: len(kernel)] for f in convs] == [computed]
+    _assert_computes_as_legalized(normal, mod, rng.standard_normal(shape).astype("float32"), 1e-4)
+    assert live_taps(14, 3, 1, 1, 1, 1) is None  # an ordinary 3x3 convolution is left as it is
