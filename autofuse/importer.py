@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import runpy
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -58,18 +59,22 @@ class InputSpec:
     @staticmethod
     def parse(text: str) -> InputSpec:
         """'name:1x3x224x224', 'name:1x3x224x224:float16' (a scalar is 'name:'), and with
-        '=value' an input fixed to a value (a sample rate, a branch flag: 'sr::int64=16000')."""
+        '=value' an input fixed to a value (a sample rate, a branch flag: 'sr::int64=16000').
+        Read from the right: a name may hold colons (TorchScript's exporter names inputs
+        'onnx::Gather_0')."""
         spec, eq, value_text = text.partition("=")
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or not parts[0]:
+        typed = len(parts) >= 3 and not re.fullmatch(r"[\dx]*", parts[-1])  # name:shape:dtype
+        name, shape_text = ":".join(parts[: -2 if typed else -1]), parts[-2 if typed else -1]
+        if len(parts) < 2 or not name:
             raise ModelError(f"bad --input {text!r}; expected name:1x3x224x224[:dtype][=value]")
         try:
-            shape = tuple(int(d) for d in parts[1].split("x")) if parts[1] else ()
+            shape = tuple(int(d) for d in shape_text.split("x")) if shape_text else ()
         except ValueError:
             raise ModelError(f"bad shape in --input {text!r}; dimensions are integers") from None
         if any(d <= 0 for d in shape):
             raise ModelError(f"bad shape in --input {text!r}; dimensions must be positive")
-        dtype = parts[2] if len(parts) == 3 else "float32"
+        dtype = parts[-1] if typed else "float32"
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r} in --input {text!r}; use one of {sorted(DTYPES)}")
         value = None
@@ -78,7 +83,7 @@ class InputSpec:
                 value = float(value_text)
             except ValueError:
                 raise ModelError(f"bad value in --input {text!r}; expected a number after '='") from None
-        return InputSpec(parts[0], shape, dtype, value)
+        return InputSpec(name, shape, dtype, value)
 
     def __str__(self) -> str:
         value = "" if self.value is None else f"={self.value:g}"

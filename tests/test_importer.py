@@ -31,6 +31,9 @@ def test_input_spec_parse():
     assert InputSpec.parse("ids:1x128:int64").dtype == "int64"
     assert InputSpec.parse("sr::int64=16000") == InputSpec("sr", (), "int64", 16000.0)
     assert str(InputSpec.parse("flag:1:bool=1")) == "flag:1:bool=1"
+    # TorchScript's exporter names inputs with colons
+    assert InputSpec.parse("onnx::Gather_0:3x320x320") == InputSpec("onnx::Gather_0", (3, 320, 320))
+    assert InputSpec.parse("onnx::Cast_1::int64=4") == InputSpec("onnx::Cast_1", (), "int64", 4.0)
     for bad in ("x", "x:1xa", "x:0x3", "x:1:complex7", ":1x2", "sr::int64=fast"):
         with pytest.raises(ModelError):
             InputSpec.parse(bad)
