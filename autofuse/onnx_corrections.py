@@ -286,7 +286,7 @@ def _einsum(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
     equation = text(attr["equation"]).replace(" ", "")
     try:
         return bb.normalize(relax.op.einsum(tuple(inputs), equation))
-    except tvm.TVMError:
+    except (tvm.TVMError, ValueError):
         return _stock("Einsum")._impl_v12(bb, inputs, attr, params)
 
 

@@ -879,8 +879,10 @@ class _TapTrimmer(relax.PyExprMutator):
         dims, wdims = _static_dims(data.ty), _static_dims(weight.ty)
         if dims is None or wdims is None:
             return call
-        spatial = [c for c in data_layout if c not in "NC"]
+        spatial = [c for c in data_layout if c.isupper() and c not in "NC"]
         pads = [int(p) for p in a.padding]
+        if len(pads) != 2 * len(spatial):
+            return call
         before, after = pads[: len(spatial)], pads[len(spatial):]
         begin, end = [0] * len(wdims), list(wdims)
         for k, axis in enumerate(spatial):
