@@ -67,7 +67,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
     (W*g/s, (b-m)*g/s+beta); remaining batch norms are decomposed to elementwise ops.
     Convolutions are converted to channels-last (NHWC/NWC/NDHWC data, HWIO/WIO/DHWIO weights; an
     audio model's feature extractor as an image model's stem; a video model's 3-D convolutions
-    ran at 5 GFLOP/s channels-first, 190 channels-last) and the layout is
+    ran at 5 GFLOP/s channels-first, 200 channels-last: R3D-18 in `vm_profile.py`) and the layout is
     propagated through the elementwise ops and pools around them: the output channel is then the
     contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
     (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
@@ -103,7 +103,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         rewritten = ConstantIndexing()(folded)
         mod = rewritten if count_calls(rewritten, *indexing) < count_calls(folded, *indexing) else mod
     mod = LiveTaps()(LayoutFriendlyOps()(mod))
-    if any(count_calls(mod, f"relax.nn.conv{d}d") for d in (1, 2, 3)):
+    if count_calls(mod, *_CONVOLUTIONS):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
         try:
@@ -279,6 +279,10 @@ def _rewrite_functions(mod: tvm.IRModule, rewriter_class: type) -> tvm.IRModule:
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     return rewriter.builder_.get()
 
+
+# the convolutions normalisation takes channels-last, pads to whole vectors and trims (LiveTaps)
+_CONVOLUTIONS = {"relax.nn.conv1d": relax.op.nn.conv1d, "relax.nn.conv2d": relax.op.nn.conv2d,
+                 "relax.nn.conv3d": relax.op.nn.conv3d}
 
 _BROADCAST_BINARY = {f"relax.{op}" for op in (
     "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum")}
@@ -586,7 +590,8 @@ def _indexed_by_constants(mod: tvm.IRModule, ops: tuple[str, ...]) -> bool:
                 if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
                     if v.op.name in ops and known(v.args[1]) and not known(v.args[0]):
                         return True
-                    static = v.op.name == "relax.shape_of" and _static_dims(v.args[0].ty)  # ScatterND's wrap
+                    # the shape of a static tensor (ScatterND's wrap of negative indices)
+                    static = v.op.name == "relax.shape_of" and _static_dims(v.args[0].ty) is not None
                     if static or all(known(a) for a in v.args):
                         derived.add(b.var)
                 elif v is not None and (known(v) or isinstance(v, relax.TupleGetItem) and known(v.tuple_value)):
@@ -758,8 +763,8 @@ class _ChannelPadder(relax.PyExprMutator):
         call = super().visit_call_(call)
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
             return call
-        rank = {"relax.nn.conv3d": 5, "relax.nn.conv2d": 4, "relax.nn.conv1d": 3}.get(call.op.name)
-        if rank and int(call.attrs.groups) == 1 and call.args[1].ty.ndim == rank:
+        if (call.op.name in _CONVOLUTIONS and int(call.attrs.groups) == 1
+                and call.args[1].ty.ndim == call.args[0].ty.ndim):
             # 1-D too: Silero VAD's STFT as a 256-tap convolution into 258 channels, 757 us as
             # a dot product per output (its LSTM model 0.84 -> 0.14 ms)
             layout = str(call.attrs.out_layout or call.attrs.data_layout)
@@ -847,7 +852,9 @@ class WholeTileRows:
         return _rewrite_functions(mod, _RowPadder)
 
 
-def live_taps(size: int, kernel: int, stride: int, dilation: int, before: int, after: int) -> tuple[int, int, int, int] | None:
+def live_taps(
+    size: int, kernel: int, stride: int, dilation: int, before: int, after: int
+) -> tuple[int, int, int, int] | None:
     """Along one axis of a convolution: (first tap, taps, padding before, padding after) of the
     smallest kernel computing the same outputs, leaving out taps that read only padding at
     every output position; None where every tap reads the input somewhere."""
@@ -861,19 +868,15 @@ def live_taps(size: int, kernel: int, stride: int, dilation: int, before: int, a
     return (first, taps, new_before, new_after) if new_before >= 0 and new_after >= 0 else None
 
 
-_CONVOLUTIONS = {"relax.nn.conv1d": relax.op.nn.conv1d, "relax.nn.conv2d": relax.op.nn.conv2d,
-                 "relax.nn.conv3d": relax.op.nn.conv3d}
-
-
 @relax.expr_functor.mutator
 class _TapTrimmer(relax.PyExprMutator):
     """Convolutions without the taps that read only padding (see LiveTaps)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        make = _CONVOLUTIONS.get(call.op.name) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else None
-        if make is None:
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or call.op.name not in _CONVOLUTIONS:
             return call
+        make = _CONVOLUTIONS[call.op.name]
         a, (data, weight) = call.attrs, call.args
         data_layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
         dims, wdims = _static_dims(data.ty), _static_dims(weight.ty)
@@ -906,7 +909,8 @@ class LiveTaps:
     position: an atrous convolution whose dilation exceeds the image (DeepLabV3's ASPP at
     224x224, rates 24 and 36 on a 14x14 map, is a 1x1 convolution), or a 7x7 kernel over a 2x2
     map. TVM pads the input first and runs every tap: a 3x3 960 -> 256 convolution of
-    dilation 36 on 14x14 took 9.6 ms over a padded 86x86 image, 1.2 ms as the 1x1 it equals."""
+    dilation 36 on 14x14 took 5.5 ms over a padded 86x86 image, 0.63 ms as the 1x1 it equals
+    (`scripts/ragged_shapes.py dilation`)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _rewrite_functions(mod, _TapTrimmer)

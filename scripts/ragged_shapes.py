@@ -8,7 +8,9 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
   divides (199, 1599), with and without tvm_bridge.WholeTileRows;
 - transpose: [frames, 512] -> [512, frames] with and without schedule._transpose_tile's tiles;
 - fivewide: a convolution into 40 or 200 channels (5 or 25 vectors of 8 lanes) with and without
-  schedule._five_wide's tiles five vectors wide (AVX-512 hosts; 1 vector wide without).
+  schedule._five_wide's tiles five vectors wide (AVX-512 hosts; 1 vector wide without);
+- dilation: an atrous 3x3 convolution (DeepLabV3's ASPP: 960 -> 256 channels on 14x14, padding =
+  dilation) with and without tvm_bridge.LiveTaps (taps that read only padding left out).
 
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 255,256 --image 20
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 1,2,3,8 --image 64
@@ -16,6 +18,7 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py transpose --sizes 1599
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 40
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 240 --kernel 1
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py dilation --sizes 12,24,36 --image 14 --in-channels 960
 """
 
 import argparse
@@ -33,6 +36,12 @@ def conv2d(channels: int, image: int, c_in: int, kernel: int = 3) -> tuple[tvm.I
     """NCHW input and OIHW weights, as an ONNX model imports; normalisation makes them NHWC."""
     w = np.random.default_rng(0).standard_normal((channels, c_in, kernel, kernel)).astype("float32")
     return _module((1, c_in, image, image), lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=kernel // 2))
+
+
+def atrous(dilation: int, image: int, c_in: int, channels: int = 256) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    w = np.random.default_rng(0).standard_normal((channels, c_in, 3, 3)).astype("float32")
+    return _module((1, c_in, image, image),
+                   lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=dilation, dilation=dilation))
 
 
 def conv1d(frames: int, channels: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
@@ -57,8 +66,8 @@ def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide"])
-    ap.add_argument("--sizes", default="255,256", help="output channels, or output frames")
+    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation"])
+    ap.add_argument("--sizes", default="255,256", help="output channels, output frames, or dilations")
     ap.add_argument("--image", type=int, default=20, help="channels, fivewide: image height and width")
     ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
     ap.add_argument("--kernel", type=int, default=3, help="channels, fivewide: the convolution's kernel size")
@@ -68,12 +77,15 @@ def main() -> None:
     rule = {"channels": (tvm_bridge, "WholeVectorChannels", lambda: unchanged),
             "frames": (tvm_bridge, "WholeTileRows", lambda: unchanged),
             "transpose": (schedule, "_transpose_tile", lambda *_: None),
-            "fivewide": (schedule, "_five_wide", lambda *_: ())}[args.case]
+            "fivewide": (schedule, "_five_wide", lambda *_: ()),
+            "dilation": (tvm_bridge, "LiveTaps", lambda: unchanged)}[args.case]
     original = getattr(rule[0], rule[1])
     config = build.MeasureConfig(repeat=9)
     for size in (int(s) for s in args.sizes.split(",")):
         if args.case in ("channels", "fivewide"):
             mod, shape = conv2d(size, args.image, args.in_channels or 64, args.kernel)
+        elif args.case == "dilation":
+            mod, shape = atrous(size, args.image, args.in_channels or 512)
         else:
             mod, shape = (conv1d if args.case == "frames" else transpose)(size, args.in_channels or 512)
         feed = np.random.default_rng(1).standard_normal(shape).astype("float32")

@@ -548,8 +548,6 @@ def test_indices_computed_from_constants_are_folded_first_and_only_when_some_are
     ("conv3d", (1, 5, 5), (3, 3, 3), 1, 1, 1, 1, (1, 3, 3)),  # one frame
 ])
 def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dilation, padding, groups, computed):
-    from autofuse.tvm_bridge import live_taps
-
     rng = np.random.default_rng(8)
     shape = (1, 8, *image)
     conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
@@ -567,4 +565,11 @@ def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dil
     convs = [f for gv, f in normal.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op in gv.name_hint]
     assert [tuple(int(d) for d in f.params[1].shape)[: len(kernel)] for f in convs] == [computed]
     _assert_computes_as_legalized(normal, mod, rng.standard_normal(shape).astype("float32"), 1e-4)
+
+
+def test_live_taps_along_one_axis():
+    from autofuse.tvm_bridge import live_taps
+
     assert live_taps(14, 3, 1, 1, 1, 1) is None  # an ordinary 3x3 convolution is left as it is
+    assert live_taps(14, 3, 1, 36, 36, 36) == (1, 1, 0, 0)  # the centre tap alone, no padding
+    assert live_taps(2, 7, 1, 1, 3, 3) == (2, 3, 1, 1)  # 7 taps over 2 pixels: the middle 3
