@@ -40,6 +40,7 @@ from autofuse import onnx_nms
 from autofuse import onnx_qlinear
 from autofuse import onnx_resize
 from autofuse import onnx_rnn
+from autofuse import onnx_sizes
 
 DTYPES = {"float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"}
 
@@ -280,7 +281,8 @@ def _fix_values(model: onnx.ModelProto, fixed: Sequence[InputSpec]) -> onnx.Mode
 # operators TVM's frontend lacks, and stock converters corrected (onnx_resize, onnx_corrections)
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
                **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS, **onnx_resize.CONVERTERS,
-               **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS, **onnx_deform_conv.CONVERTERS}
+               **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS, **onnx_deform_conv.CONVERTERS,
+               **onnx_sizes.CONVERTERS}
 
 
 @functools.cache
@@ -365,6 +367,7 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         notes.append(f"input(s) {', '.join(unread)} read by no node (or only for a shape now fixed): left out, "
                      "the compiled model takes the others")
     imported, _ = onnx_contrib.tag(model)
+    imported, _ = onnx_sizes.shapes_as_tensors(imported)
     imported, halves = onnx_float16.upcast(imported) if upcast_half else (imported, set())
     if halves:
         notes.append(f"{' and '.join(sorted(halves))} arithmetic computed in float32 (this CPU target has none; "

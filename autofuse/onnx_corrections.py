@@ -27,6 +27,7 @@ import tvm
 from tvm import relax
 from tvm import tirx
 
+from autofuse import onnx_sizes
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import element_dtype
@@ -143,6 +144,8 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
     onnx_integer casts back to int32) each cast's expression was repeated into kernels of 47 KB
     that took LLVM 25-35 s each to compile."""
     x, to = inputs[0], attr.get("to")
+    if str(attr.get("tvm_custom", {}).get("name", "")).startswith(onnx_sizes.MARKER):
+        return onnx_sizes.shape_tensor(x)
     src = str(getattr(getattr(x, "ty", None), "dtype", ""))
     dst = element_dtype(to) if isinstance(to, int) else ""  # opsets 1-5 named the type as text
     if src.startswith(("float", "bfloat")) and dst in ("int8", "int16", "int32", "uint8", "uint16", "uint32") \
@@ -204,6 +207,10 @@ _ELEMENTWISE = {"relax.add": lambda a, b: a + b, "relax.subtract": lambda a, b: 
                 "relax.multiply": lambda a, b: a * b, "relax.less": lambda a, b: a < b}
 
 
+_REDUCTIONS = {"relax.min": tirx.min, "relax.max": tirx.max, "relax.prod": lambda a, b: a * b,
+               "relax.sum": lambda a, b: a + b}
+
+
 def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> list | None:
     """The values of a small integer tensor computed from shapes (Shape -> Gather -> Concat,
     with the index arithmetic ONNX's Gather brings), as expressions of the sizes: a size known
@@ -240,6 +247,15 @@ def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> li
         if not all(isinstance(i, tirx.IntImm) for i in picked):
             return None
         return [data[int(i) % len(data)] for i in picked]
+    if name in _REDUCTIONS and not value.attrs.keepdims and (value.attrs.axis is None or
+                                                             [int(a) for a in value.attrs.axis] in ([0], [-1])):
+        values = shape_values(bb, args[0], depth + 1)
+        if not values or getattr(args[0].ty, "ndim", -1) != 1:
+            return None
+        result = values[0]
+        for v in values[1:]:
+            result = _REDUCTIONS[name](result, v)
+        return [ana.simplify(result)]
     if name in _ELEMENTWISE or name == "relax.where":
         operands = [shape_values(bb, a, depth + 1) for a in args]
         if any(o is None for o in operands):

@@ -85,6 +85,11 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
     `notes` (the import's notes, which `autofuse tune` prints and records), or warned where no
     list is given (a module handed to deploy.AutofuseFusion).
     """
+    if "main" in [gv.name_hint for gv in mod.get_global_vars()] and not any(
+            isinstance(b, relax.DataflowBlock) for b in getattr(mod["main"].body, "blocks", [])):
+        # TVM's frontend leaves a graph with an If (a detector's "no box left" branch) without
+        # dataflow blocks: the ops around it are put back into them, where plans fuse them
+        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
     mod = tvm.transform.Sequential(
         [
             relax.transform.FoldBatchnormToConv2D(),
@@ -107,10 +112,10 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
         try:
-            mod = relax.transform.ConvertLayout(
+            mod = _block_by_block(mod, relax.transform.ConvertLayout(
                 {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
                  "relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv3d": ["NDHWC", "DHWIO"]}
-            )(mod)
+            ))
         except Exception as err:  # noqa: BLE001 - any failure of TVM's pass: keep the layout
             # channels-first is slower, not wrong. The failures met so far (std::bad_alloc on a
             # negative squeeze axis in a 1-D conv net from torch 2.14's dynamo exporter, stack in
@@ -932,6 +937,34 @@ def count_calls(mod: tvm.IRModule, *names: str) -> int:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return len(found)
+
+
+def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tvm.IRModule:
+    """`transform`, a pass over dataflow blocks, applied to main; where main has several (the
+    ops before and after a detector's If), to each block with convolutions as a function of its
+    own, spliced back. TVM's ConvertLayout over the whole function refused SSDlite ("DataflowBlock
+    Pass should not rewrite or delete any global-scope Var": the shapes after the If, sized at run
+    time, came out of its re-normalisation as other expressions); a block's outputs, which the
+    other blocks read, are the variables it keeps."""
+    main = mod["main"]
+    blocks = list(main.body.blocks)
+    if sum(isinstance(b, relax.DataflowBlock) for b in blocks) < 2:
+        return transform(mod)
+    for k, block in enumerate(blocks):
+        if not isinstance(block, relax.DataflowBlock) or not any(
+                isinstance(b.value, relax.Call) and getattr(b.value.op, "name", None) in _CONVOLUTIONS
+                for b in block.bindings):
+            continue
+        outputs = [b.var for b in block.bindings if not isinstance(b.var, relax.DataflowVar)]
+        body = relax.SeqExpr([block], relax.Tuple(outputs))
+        params = list(relax.analysis.free_vars(body))
+        piece = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"})
+        piece["main"] = relax.Function(params, body, relax.TupleType([v.ty for v in outputs]))
+        blocks[k] = transform(piece)["main"].body.blocks[0]
+    body = relax.SeqExpr(blocks, main.body.body)
+    out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"})
+    out["main"] = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)
+    return out
 
 
 @dataclass

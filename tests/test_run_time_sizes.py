@@ -15,6 +15,7 @@ from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
 
+from autofuse import onnx_nms
 from autofuse import plan as plan_rules
 from autofuse.build import MeasureConfig
 from autofuse.importer import InputSpec
@@ -167,3 +168,85 @@ def test_run_time_sized_kernels_stand_alone_and_every_seed_plan_builds(tmp_path)
     # them had lost every kernel's time)
     assert len(results[1].kernel_latencies_s) >= len(static)
 
+
+
+def class_filter(best: int) -> onnx.ModelProto:
+    """A torchvision detector's post-processing for one class, as its ONNX export writes it:
+    the scores over 0.6 (NonZero, GatherND), the best min(`best`, candidates) of them (TopK
+    with k = ReduceMin(Concat(best, Shape(candidates)[0]))), and If ReduceProd(Shape(boxes))
+    == 0 then no box else NonMaxSuppression over them (torchvision's batched_nms). TVM's frontend
+    refused a shape as ReduceMin's input, took only a constant k, and typed the If's result
+    by its rank alone."""
+    rng = np.random.default_rng(0)
+    consts = {
+        "w": rng.standard_normal((5, 3, 3, 3)).astype("float32") * 0.3,
+        "rows": np.array([5, ANCHORS], "int64"), "zero": np.array([0], "int64"), "four": np.array([4], "int64"),
+        "five": np.array([5], "int64"), "axis0": np.array([0], "int64"), "perm_k": np.array([1], "int64"),
+        "best": np.array([best], "int64"), "threshold": np.array(0.6, "float32"), "most": np.array([100], "int64"),
+        "iou": np.array([0.5], "float32"), "scalar0": np.array(0, "int64"), "two": np.array(2, "int64"),
+    }
+    empty = helper.make_node("Constant", [], ["none"], value=numpy_helper.from_array(np.zeros(0, "int64")))
+    suppress = [
+        helper.make_node("Unsqueeze", ["top_boxes", "axis0"], ["nms_boxes"]),
+        helper.make_node("Unsqueeze", ["top_scores", "axis0"], ["nms_scores1"]),
+        helper.make_node("Unsqueeze", ["nms_scores1", "axis0"], ["nms_scores"]),
+        helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores", "most", "iou"], ["selected"]),
+        helper.make_node("Gather", ["selected", "two"], ["kept"], axis=1),
+    ]
+    int_list = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "rows"], ["raw"]),
+        helper.make_node("Slice", ["raw", "zero", "four"], ["box_rows"]),
+        helper.make_node("Transpose", ["box_rows"], ["boxes"], perm=[1, 0]),
+        helper.make_node("Slice", ["raw", "four", "five"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["score_row"]),
+        helper.make_node("Squeeze", ["score_row", "axis0"], ["scores"]),
+        helper.make_node("Greater", ["scores", "threshold"], ["over"]),
+        helper.make_node("NonZero", ["over"], ["where"]),
+        helper.make_node("Transpose", ["where"], ["where_t"], perm=[1, 0]),
+        helper.make_node("GatherND", ["scores", "where_t"], ["candidate_scores"]),
+        helper.make_node("GatherND", ["boxes", "where_t"], ["candidate_boxes"]),
+        helper.make_node("Shape", ["candidate_scores"], ["candidate_shape"]),
+        helper.make_node("Gather", ["candidate_shape", "scalar0"], ["candidates"], axis=0),
+        helper.make_node("Unsqueeze", ["candidates", "axis0"], ["candidates1"]),
+        helper.make_node("Concat", ["best", "candidates1"], ["limits"], axis=0),
+        helper.make_node("ReduceMin", ["limits"], ["k0"], keepdims=0),
+        helper.make_node("Reshape", ["k0", "perm_k"], ["k"]),
+        helper.make_node("TopK", ["candidate_scores", "k"], ["top_scores", "top"]),
+        helper.make_node("Gather", ["candidate_boxes", "top"], ["top_boxes"], axis=0),
+        helper.make_node("Shape", ["top_boxes"], ["top_shape"]),
+        helper.make_node("ReduceProd", ["top_shape"], ["numel"], keepdims=0),
+        helper.make_node("Equal", ["numel", "scalar0"], ["no_box"]),
+        helper.make_node("If", ["no_box"], ["keep"],
+                         then_branch=helper.make_graph([empty], "then", [], [int_list("none", TensorProto.INT64, [0])]),
+                         else_branch=helper.make_graph(suppress, "else", [], [int_list("kept", TensorProto.INT64,
+                                                                                        ["n"])])),
+        helper.make_node("Gather", ["top_boxes", "keep"], ["kept_boxes"], axis=0),
+        helper.make_node("Gather", ["top_scores", "keep"], ["kept_scores"], axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "class_filter", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, ["m", 4]),
+         helper.make_tensor_value_info("kept_scores", TensorProto.FLOAT, ["m"])],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("best, shared_out", [(10, False), (1000, False), (1000, True)])
+def test_a_class_filter_with_a_run_time_k_and_a_no_box_branch_matches_onnxruntime(tmp_path, monkeypatch, best,
+                                                                                   shared_out):
+    """More candidates than `best` (k = best), fewer (k = their number), and none (the If's
+    empty branch); with `shared_out`, each kept box's comparisons run on all threads (as from
+    onnx_nms.PARALLEL_FROM candidates of one class)."""
+    if shared_out:
+        monkeypatch.setattr(onnx_nms, "PARALLEL_FROM", 0)
+    model = class_filter(best)
+    some = [np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32") * 3]
+    _, got = check_against_onnxruntime(model, tmp_path / "some", feeds=some)
+    assert 0 < got[0].shape[0] <= min(best, ANCHORS) and got[0].shape[1] == 4
+    none = [np.zeros((1, 3, 16, 16), "float32")]  # every score sigmoid(0) = 0.5, under 0.6
+    _, got = check_against_onnxruntime(model, tmp_path / "none", feeds=none)
+    assert got[0].shape == (0, 4) and got[1].shape == (0,)

@@ -1,0 +1,120 @@
+"""Shape arithmetic on sizes known only at run time: a detector's post-processing, imported.
+
+torchvision's detection exports (SSD, Faster R-CNN, RetinaNet, FCOS) filter each class's scores
+with NonZero, keep the best min(k, kept) of them with TopK, and branch on whether any box is left
+(If numel == 0). TVM's frontend types a shape as a ShapeExpr and refuses one as the input of any
+op outside a short list ("Node /m/ReduceMin cannot handle ShapeExpr inputs"); its TopK takes k
+only as a constant. Here:
+- `shapes_as_tensors` puts a marker Cast between a tensor that may be a shape and each op outside
+  that list; the marker's converter (`shape_tensor`) makes a shape a tensor (shape_to_tensor),
+  which every op takes, and passes anything else through;
+- onnx_corrections.shape_values reads reductions of such tensors (ReduceMin of [k, n]) as the
+  expression of sizes they are (min(k, n));
+- TopK with such a k sorts the whole axis and keeps its first k (a slice by a run-time size).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+from tvm import relax
+from tvm import tirx
+
+from autofuse.onnx_converters import const_int
+from autofuse.onnx_converters import converter
+from autofuse.onnx_rewrite import rename_inputs
+
+# the ops TVM's frontend hands a ShapeExpr to (onnx_frontend's `shape_compatible_ops`)
+SHAPE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand", "Concat",
+                       "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+# what a shape-compatible op returns: a data tensor however its shape input was given
+_DATA_FROM_SHAPE = frozenset({"Reshape", "Resize", "ConstantOfShape", "Expand"})
+MARKER = "autofuse/shape_tensor/"
+BRANCH_MARKER = "autofuse/branch_result/"
+
+
+def shapes_as_tensors(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """`model` with a marker Cast (to int64, named MARKER...) before each input of an op
+    outside SHAPE_OPS that may be a shape (computed from a Shape through shape-compatible ops),
+    and how many; the model itself where there are none. An If's condition counts too."""
+    shaped: set[str] = set()
+    constant = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            constant.update(node.output)
+        elif node.op_type == "Shape" or (node.op_type in SHAPE_OPS - _DATA_FROM_SHAPE
+                                         and any(i in shaped for i in node.input)):
+            shaped.update(node.output)
+        elif any(i in shaped for i in node.input) and all(i in shaped or i in constant for i in node.input if i):
+            shaped.update(node.output)  # arithmetic on shapes alone (an Unsqueeze of a size)
+    readers = [(k, n) for k, n in enumerate(model.graph.node)
+               if n.op_type not in SHAPE_OPS and any(i in shaped for i in n.input)]
+    branches = [k for k, n in enumerate(model.graph.node) if n.op_type == "If"]
+    if not readers and not branches:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = list(out.graph.node)
+    marked: dict[str, str] = {}
+    inserted: list[tuple[int, onnx.NodeProto]] = []
+    for k, _ in readers:
+        node = nodes[k]
+        for name in node.input:
+            if name in shaped and name not in marked:
+                marked[name] = f"{MARKER}{name}"
+                inserted.append((k, helper.make_node("Cast", [name], [marked[name]], name=marked[name],
+                                                     to=onnx.TensorProto.INT64)))
+        rename_inputs(node, marked)
+    for k in branches:  # each result of an If read through a marker Identity just after it
+        results = list(nodes[k].output)
+        del nodes[k].output[:]
+        nodes[k].output.extend(f"{BRANCH_MARKER}{name}" for name in results)
+        inserted.extend((k + 1, helper.make_node("Identity", [f"{BRANCH_MARKER}{name}"], [name],
+                                                 name=f"{BRANCH_MARKER}{name}")) for name in results)
+    for k, marker in sorted(inserted, key=lambda e: e[0], reverse=True):  # in the graph's order
+        nodes.insert(k, marker)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, len(inserted)
+
+
+def shape_tensor(x: relax.Expr) -> relax.Expr:
+    """A marker Cast's result: a shape as the int64 tensor of its values, anything else as it is."""
+    return relax.op.shape_to_tensor(x) if isinstance(x.ty, relax.ShapeType) else x
+
+
+def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Identity; a marker after an If types its result with sizes named at run time (a
+    match_cast): TVM types an If's result by rank alone where its branches give tensors of
+    different shapes (no box, or the boxes kept), and no op after it converted ("emit_te now
+    only supports Tensor that has ShapeExpr shape")."""
+    x = inputs[0]
+    name = str(attr.get("tvm_custom", {}).get("name", ""))
+    ty = x.ty
+    if not name.startswith(BRANCH_MARKER) or not isinstance(ty, relax.TensorType) or ty.shape is not None \
+            or ty.ndim < 0:
+        return x
+    dims = [tirx.Var(f"{name[len(BRANCH_MARKER):]}_{i}", "int64") for i in range(ty.ndim)]
+    return bb.match_cast(x, relax.TensorType(dims, ty.dtype))
+
+
+def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """TopK; a k computed from run-time sizes sorts the whole axis and keeps its first k."""
+    from autofuse.onnx_corrections import _stock
+    from autofuse.onnx_corrections import shape_values
+
+    if const_int(inputs[1]) is not None:
+        return _stock("TopK")._impl_v11(bb, inputs, attr, params)
+    k = shape_values(bb, inputs[1])
+    if k is None or len(k) != 1:
+        raise ValueError("TopK's k is neither a constant nor computed from shapes")
+    axis, largest = int(attr.get("axis", -1)), bool(attr.get("largest", 1))
+    both = bb.emit(relax.op.topk(inputs[0], -1, axis, "both", largest, "int64"))
+    axis %= inputs[0].ty.ndim
+    # ONNX requires k <= the axis size: in bounds, the slice is k long (no clamping in its type)
+    return relax.Tuple([bb.emit(relax.op.strided_slice(relax.TupleGetItem(both, i), [axis], [0], [k[0]],
+                                                       assume_inbound=True))
+                        for i in range(2)])
+
+
+CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}), "Identity": converter("Identity", {1: _identity})}
