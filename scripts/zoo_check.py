@@ -188,9 +188,10 @@ def export(name: str, models_dir: Path, image: int = SMALL_IMAGE[-1]) -> list[tu
     return out
 
 
-def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Import `path` (`inputs` fixed as --input fixes them), build, check and time its plans in
-    one worker, time onnxruntime."""
+def check_one(path: str, inputs: tuple[str, ...] = (), seeds: bool = True) -> dict[str, Any]:
+    """Import `path` (`inputs` fixed as --input fixes them), build, check and time its plans
+    (the unfused one, TVM's, and unless not `seeds` the tuner's seed plans) in one worker, time
+    onnxruntime."""
     import tempfile
 
     from autofuse.baselines import onnxruntime_agreement
@@ -208,7 +209,7 @@ def check_one(path: str, inputs: tuple[str, ...] = ()) -> dict[str, Any]:
     except Exception as err:
         return {"status": "import_error", "error": str(err).strip().splitlines()[-1][:300]}
     default = w.tvm_default()
-    plans = [w.unfused(), default, *SearchSpace(w.graph).plus_kinds(default)]
+    plans = [w.unfused(), default, *(SearchSpace(w.graph).plus_kinds(default) if seeds else [])]
     with tempfile.TemporaryDirectory() as tmp, IsolatedMeasurer(w, config=MeasureConfig(timeout_s=600, repeat=10)) as m:
         if w.loaded.onnx_model is not None:  # onnxruntime's samples between the plans' samples
             results, ort = m.measure_beside_onnxruntime(plans, save_for_onnxruntime(w.loaded.onnx_model, tmp))
@@ -275,9 +276,10 @@ def main() -> int:
     ap.add_argument("--export-only", action="store_true", help="write the ONNX files to OUT/models, check nothing")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: check one ONNX file, print JSON
     ap.add_argument("--input", action="append", default=[], help=argparse.SUPPRESS)  # with --one
+    ap.add_argument("--no-seeds", action="store_true", help=argparse.SUPPRESS)  # with --one: unfused and TVM's plan
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(check_one(args.one, tuple(args.input))), flush=True)
+        print("RESULT " + json.dumps(check_one(args.one, tuple(args.input), seeds=not args.no_seeds)), flush=True)
         return 0
     os.environ["TVM_NUM_THREADS"] = os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
     groups = {"all": lambda: list(torch_models()), "packaged": lambda: list(PACKAGED)}  # torch only if asked
