@@ -98,6 +98,27 @@ def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) ->
     return bb.match_cast(x, relax.TensorType(dims, ty.dtype))
 
 
+def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Slice; one that keeps every axis it slices whole (from 0 to "the end", 2^63 - 1, as torch
+    exports `x[:, None]`) is its input. TVM typed the result's length along an axis of a size
+    known only at run time as min(2^63 - 1, n) (or max(n, 0)), which its analysis cannot reduce
+    to n, and the broadcast of a [n, 4] tensor with that [.., 1] had an unknown shape, which
+    nothing legalises (Faster R-CNN's batched NMS offsets)."""
+    from autofuse.onnx_converters import const_ints
+    from autofuse.onnx_converters import optional_input
+    from autofuse.onnx_corrections import _stock
+
+    data = inputs[0]
+    starts, ends, axes, steps = (const_ints(optional_input(inputs, i, params)) for i in range(1, 5))
+    dims = list(data.ty.shape.values) if isinstance(getattr(data.ty, "shape", None), relax.ShapeExpr) else None
+    if dims is not None and starts is not None and ends is not None and (steps is None or set(steps) == {1}):
+        axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
+        if all(b == 0 and (e >= 2**62 or isinstance(dims[a], tirx.IntImm) and e >= int(dims[a]))
+               for a, b, e in zip(axes, starts, ends)):
+            return data
+    return _stock("Slice")._impl_v13(bb, inputs, attr, params)
+
+
 def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """TopK; a k computed from run-time sizes sorts the whole axis and keeps its first k."""
     from autofuse.onnx_corrections import _stock
@@ -117,4 +138,5 @@ def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
                         for i in range(2)])
 
 
-CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}), "Identity": converter("Identity", {1: _identity})}
+CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}), "Identity": converter("Identity", {1: _identity}),
+                               "Slice": converter("Slice", {13: _slice})}

@@ -170,13 +170,15 @@ def test_run_time_sized_kernels_stand_alone_and_every_seed_plan_builds(tmp_path)
 
 
 
-def class_filter(best: int) -> onnx.ModelProto:
+def class_filter(best: int, detections: int | None = None) -> onnx.ModelProto:
     """A torchvision detector's post-processing for one class, as its ONNX export writes it:
     the scores over 0.6 (NonZero, GatherND), the best min(`best`, candidates) of them (TopK
     with k = ReduceMin(Concat(best, Shape(candidates)[0]))), and If ReduceProd(Shape(boxes))
-    == 0 then no box else NonMaxSuppression over them (torchvision's batched_nms). TVM's frontend
-    refused a shape as ReduceMin's input, took only a constant k, and typed the If's result
-    by its rank alone."""
+    == 0 then no box else NonMaxSuppression over them (torchvision's batched_nms, its class
+    offsets sliced "to the end"). TVM's frontend refused a shape as ReduceMin's input, took only a
+    constant k, typed the If's result by its rank alone, and the offsets' column by a length it
+    could not compare with the boxes'. With `detections`, the kept boxes are cut to that many first (torchvision's
+    `keep[:detections_per_img]`)."""
     rng = np.random.default_rng(0)
     consts = {
         "w": rng.standard_normal((5, 3, 3, 3)).astype("float32") * 0.3,
@@ -184,10 +186,18 @@ def class_filter(best: int) -> onnx.ModelProto:
         "five": np.array([5], "int64"), "axis0": np.array([0], "int64"), "perm_k": np.array([1], "int64"),
         "best": np.array([best], "int64"), "threshold": np.array(0.6, "float32"), "most": np.array([100], "int64"),
         "iou": np.array([0.5], "float32"), "scalar0": np.array(0, "int64"), "two": np.array(2, "int64"),
+        "one": np.array(1.0, "float32"), "nought": np.array(0.0, "float32"), "to_end": np.array([2**63 - 1], "int64"),
     }
     empty = helper.make_node("Constant", [], ["none"], value=numpy_helper.from_array(np.zeros(0, "int64")))
-    suppress = [
-        helper.make_node("Unsqueeze", ["top_boxes", "axis0"], ["nms_boxes"]),
+    suppress = [  # torchvision's batched_nms: each class's boxes offset by class x (max coordinate + 1)
+        helper.make_node("ReduceMax", ["top_boxes"], ["max_coordinate"], keepdims=0),
+        helper.make_node("Add", ["max_coordinate", "one"], ["spacing"]),
+        helper.make_node("Mul", ["top_scores", "nought"], ["box_class"]),  # every box of class 0
+        helper.make_node("Mul", ["box_class", "spacing"], ["offsets"]),
+        helper.make_node("Slice", ["offsets", "zero", "to_end", "zero"], ["all_offsets"]),  # offsets[:, None]
+        helper.make_node("Unsqueeze", ["all_offsets", "perm_k"], ["offset_column"]),
+        helper.make_node("Add", ["top_boxes", "offset_column"], ["boxes_for_nms"]),
+        helper.make_node("Unsqueeze", ["boxes_for_nms", "axis0"], ["nms_boxes"]),
         helper.make_node("Unsqueeze", ["top_scores", "axis0"], ["nms_scores1"]),
         helper.make_node("Unsqueeze", ["nms_scores1", "axis0"], ["nms_scores"]),
         helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores", "most", "iou"], ["selected"]),
@@ -222,9 +232,13 @@ def class_filter(best: int) -> onnx.ModelProto:
                          then_branch=helper.make_graph([empty], "then", [], [int_list("none", TensorProto.INT64, [0])]),
                          else_branch=helper.make_graph(suppress, "else", [], [int_list("kept", TensorProto.INT64,
                                                                                         ["n"])])),
+        *([helper.make_node("Slice", ["keep_all", "zero", "limit"], ["keep"])] if detections else []),
         helper.make_node("Gather", ["top_boxes", "keep"], ["kept_boxes"], axis=0),
         helper.make_node("Gather", ["top_scores", "keep"], ["kept_scores"], axis=0),
     ]
+    if detections:
+        nodes[-4].output[0] = "keep_all"  # the If
+        consts["limit"] = np.array([detections], "int64")
     graph = helper.make_graph(
         nodes, "class_filter", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
         [helper.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, ["m", 4]),
@@ -250,3 +264,16 @@ def test_a_class_filter_with_a_run_time_k_and_a_no_box_branch_matches_onnxruntim
     none = [np.zeros((1, 3, 16, 16), "float32")]  # every score sigmoid(0) = 0.5, under 0.6
     _, got = check_against_onnxruntime(model, tmp_path / "none", feeds=none)
     assert got[0].shape == (0, 4) and got[1].shape == (0,)
+
+
+def test_convolutions_go_channels_last_in_a_model_with_an_if(tmp_path):
+    """The ops before and after an If sit in dataflow blocks of their own; TVM's layout pass over
+    the whole function refused the one with the slice of the If's result ("DataflowBlock Pass
+    should not rewrite or delete any global-scope Var"), and SSDlite's convolutions stayed
+    channels-first. Each block with convolutions is now converted alone."""
+    model = class_filter(10, detections=5)
+    w, got = check_against_onnxruntime(model, tmp_path, feeds=[
+        np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32") * 3])
+    assert 0 < got[0].shape[0] <= 5
+    assert not [n for n in w.loaded.notes if "channels-last" in n]
+    assert "conv2d_nhwc" in w.mod.script()
