@@ -138,5 +138,6 @@ def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
                         for i in range(2)])
 
 
-CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}), "Identity": converter("Identity", {1: _identity}),
+CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}),
+                               "Identity": converter("Identity", {1: _identity}),
                                "Slice": converter("Slice", {13: _slice})}
