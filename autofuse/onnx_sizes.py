@@ -138,6 +138,13 @@ def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
                         for i in range(2)])
 
 
-CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {11: _top_k}),
+def _top_k_v1(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """TopK before opset 10 (k an attribute), as TVM converts it."""
+    from autofuse.onnx_corrections import _stock
+
+    return _stock("TopK")._impl_v1(bb, inputs, attr, params)
+
+
+CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {1: _top_k_v1, 11: _top_k}),
                                "Identity": converter("Identity", {1: _identity}),
                                "Slice": converter("Slice", {13: _slice})}

@@ -277,3 +277,15 @@ def test_convolutions_go_channels_last_in_a_model_with_an_if(tmp_path):
     assert 0 < got[0].shape[0] <= 5
     assert not [n for n in w.loaded.notes if "channels-last" in n]
     assert "conv2d_nhwc" in w.mod.script()
+
+
+def test_top_k_before_opset_10_still_takes_k_from_its_attribute(tmp_path):
+    """autofuse's TopK converter (a k computed at run time) replaces TVM's; opset 9's TopK, with k
+    an attribute and one input, still goes to TVM's own."""
+    graph = helper.make_graph([helper.make_node("TopK", ["x"], ["v", "i"], k=3)], "top3",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 10])],
+                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    _, got = check_against_onnxruntime(model, tmp_path, feeds=[np.random.default_rng(0).random((2, 10), "float32")])
+    assert got[1].shape == (2, 3)
