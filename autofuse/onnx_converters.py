@@ -78,6 +78,13 @@ def heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr
     return bb.emit(relax.op.permute_dims(relax.op.reshape(x, [b, s, heads, hidden // heads]), [0, 2, 1, 3]))
 
 
+def stock(op: str) -> type:
+    """TVM's own converter class for `op` (to hand the common case back to it)."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return getattr(onnx_frontend, op)
+
+
 def converter(op: str, versions: dict[int, Callable[[relax.BlockBuilder, list, dict, list], relax.Expr]]) -> type:
     """A frontend converter class for `op`: `versions` maps the opset each implementation
     starts at to it (the frontend takes the latest one at or below the model's opset)."""

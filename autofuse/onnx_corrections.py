@@ -33,22 +33,17 @@ from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import element_dtype
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import static_shape
+from autofuse.onnx_converters import stock
 from autofuse.onnx_converters import text
-
-
-def _stock(op: str) -> type:
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return getattr(onnx_frontend, op)
 
 
 def _conv_transpose(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """`output_shape` resolved to pads and output padding as ONNX's reference does: with
     SAME_* auto padding the total padding comes from it; otherwise the given pads stand and the
     rows and columns past the natural output are zeros (output padding at the end)."""
-    stock = _stock("ConvTranspose")._impl_v1
+    original = stock("ConvTranspose")._impl_v1
     if "output_shape" not in attr:
-        return stock(bb, inputs, attr, params)
+        return original(bb, inputs, attr, params)
     shape, kernel = static_shape(inputs[0]), static_shape(inputs[1])
     if shape is None or kernel is None:
         raise ValueError("ConvTranspose with output_shape needs static input and weight shapes")
@@ -75,13 +70,13 @@ def _conv_transpose(bb: relax.BlockBuilder, inputs: list, attr: dict, params: li
             raise ValueError(f"ConvTranspose: output_shape {wanted} does not follow from the pads {pads}")
         fixed["pads"] = pads
         fixed["output_padding"] = [p + e for p, e in zip(out_pad, extra)]
-    return stock(bb, inputs, fixed, params)
+    return original(bb, inputs, fixed, params)
 
 
 def _layer_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """The normalised output and, where the node has them, its Mean and InvStdDev (reduced axes
     kept as 1, computed in `stash_type`: float32 by default)."""
-    y = _stock("LayerNormalization")._impl_v17(bb, inputs, dict(attr), params)
+    y = stock("LayerNormalization")._impl_v17(bb, inputs, dict(attr), params)
     outputs = int(attr["tvm_custom"].get("num_outputs", 1))
     if outputs == 1:
         return y
@@ -112,7 +107,7 @@ def _is_inf(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
 
 def _space_to_depth(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     if text(attr.get("mode", "DCR")) == "DCR":
-        return _stock("SpaceToDepth")._impl_v1(bb, inputs, attr, params)
+        return stock("SpaceToDepth")._impl_v1(bb, inputs, attr, params)
     block = int(attr["blocksize"])
     b, c, h, w = static_shape(inputs[0])  # type: ignore[misc]
     x = relax.op.reshape(inputs[0], (b, c, h // block, block, w // block, block))
@@ -128,7 +123,7 @@ def _pow(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rela
     if dtype.startswith(("float", "bfloat")):
         if str(exponent.ty.dtype) != dtype:
             exponent = bb.emit(relax.op.astype(exponent, dtype))
-        return _stock("Pow")._impl_v7(bb, [base, exponent], attr, params)
+        return stock("Pow")._impl_v7(bb, [base, exponent], attr, params)
     wide = [bb.emit(relax.op.astype(t, "float64")) for t in (base, exponent)]
     raised = bb.emit(relax.op.power(*wide))
     if dtype.startswith(("int", "uint")):  # numpy's integer power truncates toward zero
@@ -152,7 +147,7 @@ def _cast(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> rel
             and not is_const(x):
         finite = bb.emit(relax.op.where(relax.op.isfinite(x), x, relax.const(0.0, src)))
         return relax.op.astype(bb.emit(relax.op.astype(finite, "int64")), dst)
-    return _stock("Cast")._impl_v13(bb, inputs, attr, params)
+    return stock("Cast")._impl_v13(bb, inputs, attr, params)
 
 
 def _per_element(bb: relax.BlockBuilder, value: relax.Expr, shape: tuple[int, ...], axis: int, block: int) -> relax.Expr:
@@ -169,12 +164,12 @@ def _blocked_quantization(op: str, quantize: bool) -> type:
     arithmetic of ONNX's reference (x - zero point in float32, times the scale; or x / scale
     rounded half to even, plus the zero point, saturated to the type); without it, the stock
     converter of the model's opset."""
-    stock = _stock(op)
+    original = stock(op)
 
     def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, version: int) -> relax.Expr:
         block = int(attr.get("block_size", 0))
         if not block:
-            return getattr(stock, f"_impl_v{version}")(bb, inputs, attr, params)
+            return getattr(original, f"_impl_v{version}")(bb, inputs, attr, params)
         x, scale = inputs[0], inputs[1]
         zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
         shape = static_shape(x)
@@ -199,7 +194,7 @@ def _blocked_quantization(op: str, quantize: bool) -> type:
         q = bb.emit(relax.op.clip(q, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)))
         return relax.op.astype(q, dtype)
 
-    versions = sorted(int(name[len("_impl_v"):]) for name in dir(stock) if name.startswith("_impl_v"))
+    versions = sorted(int(name[len("_impl_v"):]) for name in dir(original) if name.startswith("_impl_v"))
     return converter(op, {v: lambda bb, i, a, p, v=v: convert(bb, i, a, p, v) for v in versions})
 
 
@@ -247,10 +242,12 @@ def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> li
         if not all(isinstance(i, tirx.IntImm) for i in picked):
             return None
         return [data[int(i) % len(data)] for i in picked]
-    if name in _REDUCTIONS and not value.attrs.keepdims and (value.attrs.axis is None or
-                                                             [int(a) for a in value.attrs.axis] in ([0], [-1])):
+    if name in _REDUCTIONS:  # of a whole vector of sizes (ReduceMin(Concat(300, n)))
+        whole = value.attrs.axis is None or [int(a) for a in value.attrs.axis] in ([0], [-1])
+        if value.attrs.keepdims or not whole or getattr(args[0].ty, "ndim", -1) != 1:
+            return None
         values = shape_values(bb, args[0], depth + 1)
-        if not values or getattr(args[0].ty, "ndim", -1) != 1:
+        if not values:
             return None
         result = values[0]
         for v in values[1:]:
@@ -276,7 +273,7 @@ def _constant_of_shape(bb: relax.BlockBuilder, inputs: list, attr: dict, params:
     of unknown shape, and the ops after it (a Flatten) failed to import."""
     dims = shape_values(bb, inputs[0])
     if dims is None or all(isinstance(d, tirx.IntImm) for d in dims):
-        return _stock("ConstantOfShape")._impl_v9(bb, inputs, attr, params)
+        return stock("ConstantOfShape")._impl_v9(bb, inputs, attr, params)
     from onnx import numpy_helper
 
     value = numpy_helper.to_array(attr["value"]) if "value" in attr else np.zeros(1, "float32")
@@ -286,12 +283,12 @@ def _constant_of_shape(bb: relax.BlockBuilder, inputs: list, attr: dict, params:
 def _pairwise(op: str) -> type:
     """Sum, Mean, Max or Min of several tensors as a chain of binary ops (the stock converter's
     own path for unknown shapes); constants alone are still folded by it."""
-    stock = _stock(op)
+    original = stock(op)
 
     def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
         if all(is_const(x) for x in inputs):
-            return stock._impl_v1(bb, inputs, attr, params)
-        return stock._impl_dynamic(bb, inputs)
+            return original._impl_v1(bb, inputs, attr, params)
+        return original._impl_dynamic(bb, inputs)
 
     return converter(op, {1: convert})
 
@@ -303,7 +300,7 @@ def _einsum(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
     try:
         return bb.normalize(relax.op.einsum(tuple(inputs), equation))
     except (tvm.TVMError, ValueError):
-        return _stock("Einsum")._impl_v12(bb, inputs, attr, params)
+        return stock("Einsum")._impl_v12(bb, inputs, attr, params)
 
 
 CONVERTERS: dict[str, type] = {

@@ -45,8 +45,10 @@ def _non_max_suppression(bb: relax.BlockBuilder, inputs: list, attr: dict, param
         return relax.const(np.zeros((0, 3), "int64"))
     # no class keeps more boxes than there are (a number of boxes known at run time: the
     # candidates a detector's score filter left)
-    limit = min(limit, int(dims[2])) if isinstance(dims[2], tirx.IntImm) else tirx.min(tirx.IntImm("int64", limit),
-                                                                                          dims[2])
+    if isinstance(dims[2], tirx.IntImm):
+        limit = min(limit, int(dims[2]))
+    else:
+        limit = tirx.min(tirx.IntImm("int64", limit), dims[2])
     # thresholds as scalars, constants or read when the model runs; ONNX's defaults
     iou = relax.const(0.0, "float32") if iou is None else bb.emit(relax.op.reshape(iou, []))
     score = relax.const(float("-inf"), "float32") if score is None else bb.emit(relax.op.reshape(score, []))

@@ -21,7 +21,10 @@ from tvm import relax
 from tvm import tirx
 
 from autofuse.onnx_converters import const_int
+from autofuse.onnx_converters import const_ints
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import optional_input
+from autofuse.onnx_converters import stock
 from autofuse.onnx_rewrite import rename_inputs
 
 # the ops TVM's frontend hands a ShapeExpr to (onnx_frontend's `shape_compatible_ops`)
@@ -104,10 +107,6 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
     known only at run time as min(2^63 - 1, n) (or max(n, 0)), which its analysis cannot reduce
     to n, and the broadcast of a [n, 4] tensor with that [.., 1] had an unknown shape, which
     nothing legalises (Faster R-CNN's batched NMS offsets)."""
-    from autofuse.onnx_converters import const_ints
-    from autofuse.onnx_converters import optional_input
-    from autofuse.onnx_corrections import _stock
-
     data = inputs[0]
     starts, ends, axes, steps = (const_ints(optional_input(inputs, i, params)) for i in range(1, 5))
     dims = list(data.ty.shape.values) if isinstance(getattr(data.ty, "shape", None), relax.ShapeExpr) else None
@@ -116,16 +115,15 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         if all(b == 0 and (e >= 2**62 or isinstance(dims[a], tirx.IntImm) and e >= int(dims[a]))
                for a, b, e in zip(axes, starts, ends)):
             return data
-    return _stock("Slice")._impl_v13(bb, inputs, attr, params)
+    return stock("Slice")._impl_v13(bb, inputs, attr, params)
 
 
 def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """TopK; a k computed from run-time sizes sorts the whole axis and keeps its first k."""
-    from autofuse.onnx_corrections import _stock
-    from autofuse.onnx_corrections import shape_values
+    from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
 
     if const_int(inputs[1]) is not None:
-        return _stock("TopK")._impl_v11(bb, inputs, attr, params)
+        return stock("TopK")._impl_v11(bb, inputs, attr, params)
     k = shape_values(bb, inputs[1])
     if k is None or len(k) != 1:
         raise ValueError("TopK's k is neither a constant nor computed from shapes")
@@ -138,13 +136,9 @@ def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
                         for i in range(2)])
 
 
-def _top_k_v1(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """TopK before opset 10 (k an attribute), as TVM converts it."""
-    from autofuse.onnx_corrections import _stock
-
-    return _stock("TopK")._impl_v1(bb, inputs, attr, params)
-
-
-CONVERTERS: dict[str, type] = {"TopK": converter("TopK", {1: _top_k_v1, 11: _top_k}),
-                               "Identity": converter("Identity", {1: _identity}),
-                               "Slice": converter("Slice", {13: _slice})}
+CONVERTERS: dict[str, type] = {
+    # before opset 10 k is an attribute: TVM's own converter
+    "TopK": converter("TopK", {1: lambda bb, i, a, p: stock("TopK")._impl_v1(bb, i, a, p), 11: _top_k}),
+    "Identity": converter("Identity", {1: _identity}),
+    "Slice": converter("Slice", {13: _slice}),
+}

@@ -177,8 +177,8 @@ def class_filter(best: int, detections: int | None = None) -> onnx.ModelProto:
     == 0 then no box else NonMaxSuppression over them (torchvision's batched_nms, its class
     offsets sliced "to the end"). TVM's frontend refused a shape as ReduceMin's input, took only a
     constant k, typed the If's result by its rank alone, and the offsets' column by a length it
-    could not compare with the boxes'. With `detections`, the kept boxes are cut to that many first (torchvision's
-    `keep[:detections_per_img]`)."""
+    could not compare with the boxes'. With `detections`, the kept boxes are cut to that many
+    first (torchvision's `keep[:detections_per_img]`)."""
     rng = np.random.default_rng(0)
     consts = {
         "w": rng.standard_normal((5, 3, 3, 3)).astype("float32") * 0.3,
@@ -203,7 +203,7 @@ def class_filter(best: int, detections: int | None = None) -> onnx.ModelProto:
         helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores", "most", "iou"], ["selected"]),
         helper.make_node("Gather", ["selected", "two"], ["kept"], axis=1),
     ]
-    int_list = helper.make_tensor_value_info
+    kept = "keep_all" if detections else "keep"  # the If's result, sliced to "keep" with `detections`
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Reshape", ["c", "rows"], ["raw"]),
@@ -228,16 +228,16 @@ def class_filter(best: int, detections: int | None = None) -> onnx.ModelProto:
         helper.make_node("Shape", ["top_boxes"], ["top_shape"]),
         helper.make_node("ReduceProd", ["top_shape"], ["numel"], keepdims=0),
         helper.make_node("Equal", ["numel", "scalar0"], ["no_box"]),
-        helper.make_node("If", ["no_box"], ["keep"],
-                         then_branch=helper.make_graph([empty], "then", [], [int_list("none", TensorProto.INT64, [0])]),
-                         else_branch=helper.make_graph(suppress, "else", [], [int_list("kept", TensorProto.INT64,
-                                                                                        ["n"])])),
+        helper.make_node("If", ["no_box"], [kept],
+                         then_branch=helper.make_graph([empty], "then", [], [
+                             helper.make_tensor_value_info("none", TensorProto.INT64, [0])]),
+                         else_branch=helper.make_graph(suppress, "else", [], [
+                             helper.make_tensor_value_info("kept", TensorProto.INT64, ["n"])])),
         *([helper.make_node("Slice", ["keep_all", "zero", "limit"], ["keep"])] if detections else []),
         helper.make_node("Gather", ["top_boxes", "keep"], ["kept_boxes"], axis=0),
         helper.make_node("Gather", ["top_scores", "keep"], ["kept_scores"], axis=0),
     ]
     if detections:
-        nodes[-4].output[0] = "keep_all"  # the If
         consts["limit"] = np.array([detections], "int64")
     graph = helper.make_graph(
         nodes, "class_filter", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
