@@ -1224,9 +1224,16 @@ def schedule_candidates(
     the plain schedule, parallel outer loops. A schedule TIR accepts can still fail to lower
     (ShuffleNet's conv + concat + channel shuffle, register-tiled: "buffer used before its
     definition"); build.compile_repairing then takes the next one for that kernel. A kernel
-    reaches here unsplit from compile_repairing and the scripts (build.schedule splits first)."""
-    func = split_unit_reductions(func)
+    reaches here unsplit from compile_repairing and the scripts (build.schedule splits first).
+    A kernel over a run-time number of rows gets these schedules of a chunk of rows, looped
+    (run_time_rows)."""
     lanes = lanes or vector_lanes(func)
+    if not static_buffers(func):
+        from autofuse.run_time_rows import chunked_candidates
+
+        yield from chunked_candidates(func, lambda chunk: schedule_candidates(chunk, lanes, acc))
+        return
+    func = split_unit_reductions(func)
     makers = (lambda: _schedule_rows(func, lanes, acc), lambda: _schedule(func, lanes, True, acc),
               lambda: _schedule(func, lanes, False, acc), lambda: _parallel_outer(func))
     for make in makers:
@@ -1923,8 +1930,6 @@ class ScheduleCPU:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
         for gv, func in unscheduled_kernels(mod).items():
-            if not static_buffers(func):
-                continue
             try:
                 scheduled = schedule_cpu(func, vector_lanes(func, self.vector_bits), accumulators(self.vector_bits))
             except Exception:  # a kernel the rule cannot handle stays as it is: correct, slow
@@ -1941,8 +1946,9 @@ class ScheduleCPU:
 
 def static_buffers(func: tirx.PrimFunc) -> bool:
     """Every parameter a buffer of constant shape. Kernels after a detector's NonMaxSuppression
-    also take sizes known only at run time: no rule here schedules them (they stay plain loops,
-    a small share of such a model), and they cannot be run alone on buffers made up for them."""
+    also take sizes known only at run time: the rules here schedule them a chunk of rows at a
+    time where they can (run_time_rows), and they cannot be run alone on buffers made up for
+    them."""
     return all(isinstance(p.ty, tirx.BufferType) and all(isinstance(d, tirx.IntImm) for d in p.shape)
                for p in func.params)
 

@@ -1,0 +1,286 @@
+"""Kernels over a run-time number of rows, scheduled as a loop over chunks of rows of static size.
+
+After a detector's NonMaxSuppression the number of boxes is known only at run time, and so is
+the row count of every kernel of the head that follows: Faster R-CNN's box head multiplies
+[min(150, proposals), 12544] by [12544, 1024]. The rules in schedule.py read static extents, so
+such a kernel stayed a plain loop nest (14.8 s of the model's 15.1 s). Where each row of the
+outputs depends only on the same row of the inputs, the kernel is the same static kernel run on
+successive chunks of rows: this module schedules that kernel for CHUNK_ROWS rows (and for
+SMALL_ROWS) with the rules and loops it over the rows, each chunk's buffers a view at its first
+row. The last chunk starts at n - CHUNK_ROWS, overlapping the one before it (rows computed twice
+write the same values); fewer rows than the smallest chunk go through a padded copy.
+
+Only a kernel whose one run-time size is a whole axis of its buffers (after unit axes), indexed
+by a row iterator that nothing else reads, qualifies: reductions over the rows, gathers across
+them, or values computed from the row number (an arange) keep the plain loop nest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from collections.abc import Iterator
+
+from tvm import s_tir
+from tvm import tirx
+from tvm.sym import Analyzer
+from tvm.sym import ConstIntBound
+
+CHUNK_ROWS = 64
+SMALL_ROWS = 8
+
+
+class Rows:
+    """A kernel's run-time row count n (an expression of sizes known at run time: min(150, s)),
+    the axis it sizes in each of its parameters that has it, and the parameters that are sizes
+    (passed as scalars) rather than buffers."""
+
+    def __init__(self, func: tirx.PrimFunc, n: tirx.Expr, axes: dict[int, int]) -> None:
+        self.func, self.n, self.axes = func, n, axes
+        self.sizes = {v.name for v in tirx.analysis.undefined_vars(n)}
+        self.analyzer = Analyzer()
+        for v in tirx.analysis.undefined_vars(n):
+            self.analyzer.update(v, ConstIntBound(0, 1 << 62))  # sizes, not below 0
+        self.buffers = [k for k, p in enumerate(func.params) if isinstance(p.ty, tirx.BufferType)]
+
+    def is_n(self, extent: object) -> bool:
+        return not isinstance(extent, tirx.IntImm) and self.analyzer.can_prove_equal(extent, self.n)
+
+    def axis(self, buffer: tirx.Var) -> int | None:
+        """The axis of `buffer` n sizes, if any."""
+        return next((d for d, e in enumerate(buffer.shape) if self.is_n(e)), None)
+
+
+def row_axes(func: tirx.PrimFunc) -> Rows | None:
+    """The kernel's rows: None unless one run-time size n is a whole axis of each parameter
+    with a run-time size, the axes before it of extent 1, and the other parameters are static
+    buffers or the sizes n is made of."""
+    found: Rows | None = None
+    for k, p in enumerate(func.params):
+        if not isinstance(p.ty, tirx.BufferType):
+            continue
+        dims = [d for d, e in enumerate(p.shape) if not isinstance(e, tirx.IntImm)]
+        if not dims:
+            continue
+        if len(dims) > 1 or any(int(e) != 1 for e in p.shape[:dims[0]]):
+            return None
+        if found is None:
+            found = Rows(func, p.shape[dims[0]], {})
+        if not found.is_n(p.shape[dims[0]]):
+            return None
+        found.axes[k] = dims[0]
+    scalars = {p.name for p in func.params if not isinstance(p.ty, tirx.BufferType)}
+    return found if found is not None and scalars <= found.sizes else None
+
+
+def rows_independent(rows: Rows) -> bool:
+    """Whether every row of the outputs is computed from the same row of the inputs alone: in each
+    block, an iterator over n is spatial and indexes exactly the n-sized axis of each buffer it
+    touches, every buffer it writes has that axis, and the body reads it nowhere else."""
+    return all(_block_rows_independent(blk, rows) for blk in _blocks(rows.func))
+
+
+def _blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
+    """Every block of `func` but its root, nested ones too."""
+    from autofuse.schedule import new_schedule
+
+    sch = new_schedule(func)
+    todo, out = list(sch.get_child_blocks(sch.get_sblock("root"))), []
+    while todo:
+        block = todo.pop()
+        todo.extend(sch.get_child_blocks(block))
+        out.append(sch.get(block))
+    return out
+
+
+def _block_rows_independent(blk: s_tir.SBlock, rows: Rows) -> bool:
+    row_vars = []
+    for iv in blk.iter_vars:
+        if rows.is_n(iv.dom.extent):
+            if int(iv.iter_type) != 0:
+                return False  # a reduction over the rows
+            row_vars.append(iv.var)
+        elif not isinstance(iv.dom.extent, tirx.IntImm) or not isinstance(iv.dom.min, tirx.IntImm):
+            return False
+    writes = {r.source.name for r in blk.writes}
+    places: dict[str, int] = {}
+    for region in list(blk.reads) + list(blk.writes):
+        row_dim = rows.axis(region.source)
+        for d, rng in enumerate(region.region):
+            if d == row_dim and (not _is_one(rng.extent) or not any(rng.min.same_as(v) for v in row_vars)):
+                return False
+        if row_dim is None and row_vars and region.source.name in writes:
+            return False  # every row writing the same place
+        if row_dim is not None:
+            places[region.source.name] = row_dim
+    texts = [str(blk.body)] + ([str(blk.init)] if blk.init is not None else [])
+    return all(_only_indexes(_statements(t), str(v.name), places) for t in texts for v in row_vars)
+
+
+def _is_one(expr: object) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr) == 1
+
+
+# the lines printed TIR starts with to declare the free variables and buffers of a statement
+_DECLARATION = re.compile(r"^\w+ = T\.\w+\(.*$", re.M)
+
+
+def _statements(text: str) -> str:
+    return _DECLARATION.sub("", text)
+
+
+def _only_indexes(text: str, var: str, places: dict[str, int]) -> bool:
+    """Whether each mention of `var` in printed TIR is a whole index of a buffer at the axis
+    `places` names for it (`y[v_i0, v_i1]` with places {"y": 0} for var v_i0)."""
+    for m in re.finditer(rf"\b{re.escape(var)}\b", text):
+        before, after = text[:m.start()].rstrip(), text[m.end():].lstrip()
+        if not before or before[-1] not in "[," or not after or after[0] not in ",]":
+            return False
+        depth, commas, k = 0, 0, m.start() - 1
+        while k >= 0:
+            ch = text[k]
+            if ch in ")]":
+                depth += 1
+            elif ch in "([":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif ch == "," and depth == 0:
+                commas += 1
+            k -= 1
+        if k < 0 or text[k] != "[":
+            return False
+        name = re.search(r"(\w+)$", text[:k])
+        if name is None or places.get(name.group(1)) != commas:
+            return False
+    return True
+
+
+def chunked_candidates(
+    func: tirx.PrimFunc, static_candidates: Callable[[tirx.PrimFunc], Iterator[tirx.PrimFunc]]
+) -> Iterator[tirx.PrimFunc]:
+    """Schedules of `func` over its run-time rows, best first: for each schedule that
+    `static_candidates` makes of CHUNK_ROWS rows, that schedule looped over the rows (see the
+    module's docstring). Nothing when the kernel does not qualify."""
+    from autofuse.schedule import PACKED_ATTR
+    from autofuse.schedule import SCHEDULED_ATTR
+
+    rows = row_axes(func)
+    if rows is None or not rows_independent(rows):
+        return
+    chunk, small = _at_rows(rows, CHUNK_ROWS), _at_rows(rows, SMALL_ROWS)
+    small = next(static_candidates(small), None) if small is not None else None
+    for big in static_candidates(chunk) if chunk is not None else ():
+        packed = _packed(rows, big)
+        levels = [(CHUNK_ROWS, big)]
+        if small is not None and _packed(rows, small) == packed:
+            levels.append((SMALL_ROWS, small))
+        params = list(func.params)
+        for j, k in enumerate(rows.buffers):
+            if k not in rows.axes:
+                params[k] = big.params[j]  # a weight the schedule re-laid takes its new shape
+        # each use of a kernel's body gets variables of its own (s_tir.renew_defs): the smaller
+        # kernel runs looped and padded, and TIR defines a buffer once
+        body = tirx.IfThenElse(rows.n > 0, _padded(levels[-1][0], s_tir.renew_defs(levels[-1][1]), params, rows),
+                               None)
+        for count, kernel in reversed(levels):
+            body = tirx.IfThenElse(rows.n >= count, _looped(count, s_tir.renew_defs(kernel), params, rows), body)
+        root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body))  # as TVM's analyses expect
+        out = tirx.PrimFunc(params, root, attrs=func.attrs).with_attr(SCHEDULED_ATTR, True)
+        yield out.with_attr(PACKED_ATTR, packed) if packed else out
+
+
+def _at_rows(rows: Rows, count: int) -> tirx.PrimFunc | None:
+    """The kernel with n fixed at `count`, its parameters the kernel's buffers in order (sizes
+    passed as scalars fixed, and gone), or None where n cannot be fixed at `count` (min(50, s)
+    is never 64)."""
+    from autofuse.schedule import LAYOUT_FREE_ATTR
+    from autofuse.schedule import static_buffers
+
+    func, scalars = rows.func, [p for p in rows.func.params if not isinstance(p.ty, tirx.BufferType)]
+    if scalars:
+        if len(scalars) > 1:
+            return None
+        fixed = func.specialize({scalars[0]: tirx.IntImm(scalars[0].ty.dtype, count)})
+    elif isinstance(rows.n, tirx.Var):
+        fixed = func.specialize({func.params[k]: _static(func.params[k], d, count) for k, d in rows.axes.items()})
+    else:
+        return None
+    if not static_buffers(fixed) or any(int(fixed.params[rows.buffers.index(k)].shape[d]) != count
+                                        for k, d in rows.axes.items()):
+        return None
+    free = (func.attrs or {}).get(LAYOUT_FREE_ATTR)  # indices among all parameters: now among the buffers
+    return fixed.with_attr(LAYOUT_FREE_ATTR, [rows.buffers.index(int(k)) for k in free]) if free else fixed
+
+
+def _packed(rows: Rows, kernel: tirx.PrimFunc) -> list[list[int]]:
+    """The weights `kernel` re-laid (PACKED_ATTR), as [index among all parameters, tile]."""
+    from autofuse.schedule import PACKED_ATTR
+
+    return [[rows.buffers[int(j)], int(t)] for j, t in (kernel.attrs or {}).get(PACKED_ATTR, [])]
+
+
+def _static(p: tirx.Var, axis: int, count: int) -> tirx.Var:
+    shape = list(p.shape)
+    shape[axis] = tirx.IntImm(shape[axis].ty.dtype, count)
+    return tirx.decl_buffer(shape, p.dtype, p.name)
+
+
+def _looped(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
+    """`kernel` (of `count` rows) run on chunks of the rows, the last one ending at row n."""
+    n = rows.n
+    dtype = n.ty.dtype
+    chunk = tirx.Var("chunk", dtype)
+    start = tirx.min(chunk * count, n - count)
+    body = _body(kernel, params, rows)
+    for k, d in rows.axes.items():
+        first = [tirx.IntImm(dtype, 0)] * len(params[k].shape)
+        first[d] = start
+        body = tirx.DeclBuffer(kernel.params[rows.buffers.index(k)], body,
+                               data=tirx.address_of(params[k][tuple(first)]))
+    return tirx.For(chunk, tirx.IntImm(dtype, 0), tirx.floordiv(n + (count - 1), count), tirx.ForKind.SERIAL, body)
+
+
+def _padded(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
+    """`kernel` (of `count` rows) run once on copies of the inputs' 0 < n < count rows, padded
+    with copies of their last row (data the kernel is made for: an index in range, say), its
+    outputs' first n rows copied back."""
+    n, written = rows.n, _written(rows.func)
+    before, after = [], []
+    for k, d in rows.axes.items():
+        scratch, real = kernel.params[rows.buffers.index(k)], params[k]
+        if any(w.same_as(real) for w in written):
+            after.append(_copy(real, d, n, lambda idx, s=scratch: s[tuple(idx)]))
+        else:
+            last = lambda idx, d=d: [tirx.min(i, n - 1) if a == d else i for a, i in enumerate(idx)]  # noqa: E731
+            before.append(_copy(scratch, d, scratch.shape[d], lambda idx, r=real, at=last: r[tuple(at(idx))]))
+    body = tirx.SeqStmt(before + [_body(kernel, params, rows)] + after)
+    for k in rows.axes:
+        body = tirx.AllocBuffer(kernel.params[rows.buffers.index(k)], body)
+    return body
+
+
+def _written(func: tirx.PrimFunc) -> list[tirx.Var]:
+    """The buffers some block writes (the kernel's outputs among them)."""
+    return [r.source for blk in _blocks(func) for r in blk.writes]
+
+
+def _body(kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
+    """`kernel`'s body reading the static parameters of the function it goes in (a weight the
+    schedule re-laid is a parameter of its own in each schedule: declared on the one passed)."""
+    body = kernel.body
+    for j, p in enumerate(kernel.params):
+        k = rows.buffers[j]
+        if k not in rows.axes and not p.same_as(params[k]):
+            body = tirx.DeclBuffer(p, body, data=tirx.buffer_data(params[k]))
+    return body
+
+
+def _copy(dst: tirx.Var, axis: int, rows: object, value: Callable[[list], object]) -> tirx.Stmt:
+    """A loop nest storing value(index) into `dst`'s first `rows` rows (along `axis`)."""
+    dtype = dst.shape[axis].ty.dtype
+    idx = [tirx.Var(f"i{d}", dtype) for d in range(len(dst.shape))]
+    body: tirx.Stmt = tirx.BufferStore(dst, value(idx), idx)
+    for d in reversed(range(len(dst.shape))):
+        body = tirx.For(idx[d], tirx.IntImm(dtype, 0), rows if d == axis else dst.shape[d], tirx.ForKind.SERIAL, body)
+    return body

@@ -1,0 +1,114 @@
+"""Kernels over a run-time number of rows (run_time_rows): scheduled a chunk of rows at a time where
+each output row depends on the same input row alone, left as plain loops where not.
+
+A detector's box head runs over the boxes its NonMaxSuppression kept; as plain loops Faster
+R-CNN's [min(150, n), 12544] x [12544, 1024] matmul took 14.8 s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm import tirx
+
+from autofuse import build
+from autofuse import run_time_rows
+from autofuse.schedule import SCHEDULED_ATTR
+from autofuse.schedule import schedule_candidates
+from autofuse.schedule import static_buffers
+
+# n = 0; fewer rows than the small chunk (padded); between the chunks; exactly a chunk; more
+# than a chunk, not a multiple of it (the last chunk overlaps the one before)
+ROWS = (0, 3, 8, 13, run_time_rows.CHUNK_ROWS, 150)
+
+
+def _fused(make: object, width: int, dtype: str = "float32") -> tvm.IRModule:
+    """A module whose main maps x: [n, width] to make(bb, x), legalized and fused as TVM does."""
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, width], dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make(bb, x))
+        bb.emit_func_output(out)
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+              relax.transform.FuseTIR()]
+    return tvm.transform.Sequential(passes)(bb.get())
+
+
+def _compiled(fused: tvm.IRModule) -> tuple[object, tvm.IRModule]:
+    target = build.make_target("llvm")
+    return build.compile_repairing(fused, build.schedule(fused, target, "rules"), target)
+
+
+def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+def test_a_matmul_over_run_time_rows_is_chunked_and_matches_numpy_for_any_row_count():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 96)).astype("float32")
+    bias = rng.standard_normal(96).astype("float32")
+    fused = _fused(lambda bb, x: relax.op.nn.relu(relax.op.add(relax.op.matmul(x, relax.const(w)),
+                                                               relax.const(bias))), 256)
+    ex, compiled = _compiled(fused)
+    (name, kernel), = ((k, f) for k, f in _kernels(compiled).items() if not static_buffers(f))
+    text = kernel.script()
+    assert kernel.attrs[SCHEDULED_ATTR] and "chunk" in text and "T.parallel" in text, name
+    for rows in (run_time_rows.CHUNK_ROWS, run_time_rows.SMALL_ROWS):
+        assert f"n >= T.int64({rows})" in text  # both chunk sizes used
+    dev = build.device_for(build.make_target("llvm"))
+    for n in ROWS:
+        x = rng.standard_normal((n, 256)).astype("float32")
+        got, = build.run(ex, dev, [x])
+        np.testing.assert_allclose(got, np.maximum(x @ w + bias, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_rows_counted_by_an_expression_of_a_size_passed_as_a_scalar():
+    """Faster R-CNN's box head runs over min(150, s) proposals: the kernel takes s as a scalar
+    and its buffers are sized by the expression, which is fixed at each chunk's row count."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 32)).astype("float32")
+    fused = _fused(lambda bb, x: relax.op.nn.relu(relax.op.matmul(
+        relax.op.strided_slice(x, axes=[0], begin=[0], end=[100]), relax.const(w))), 64)
+    ex, compiled = _compiled(fused)
+    kernels = [f for f in _kernels(compiled).values() if not static_buffers(f)]
+    assert any("chunk" in f.script() and any(not isinstance(p.ty, tirx.BufferType) for p in f.params)
+               for f in kernels)
+    dev = build.device_for(build.make_target("llvm"))
+    for n in ROWS + (99, 100, 101):
+        x = rng.standard_normal((n, 64)).astype("float32")
+        got, = build.run(ex, dev, [x])
+        np.testing.assert_allclose(got, np.maximum(x[:100] @ w, 0), rtol=1e-4, atol=1e-4)
+
+
+def _sum_rows(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    return relax.op.sum(x, axis=0, keepdims=True)  # a reduction over the rows
+
+
+def _row_numbers(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    rows = bb.emit(relax.op.arange(x.ty.shape[0], dtype="float32"))
+    return relax.op.add(x, relax.op.expand_dims(rows, 1))  # each row's value depends on its number
+
+
+def _reversed_rows(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    return relax.op.flip(x, axis=0)  # row i reads row n - 1 - i
+
+
+@pytest.mark.parametrize("make, want", [
+    (_sum_rows, lambda x: x.sum(0, keepdims=True)),
+    (_row_numbers, lambda x: x + np.arange(x.shape[0], dtype="float32")[:, None]),
+    (_reversed_rows, lambda x: x[::-1]),
+])
+def test_kernels_reading_across_rows_or_their_numbers_keep_their_loops_and_their_values(make, want):
+    fused = _fused(make, 8)
+    for kernel in (f for f in _kernels(fused).values() if not static_buffers(f)):
+        assert next(schedule_candidates(kernel, 16, 16), None) is None, kernel.script()
+    ex, _ = _compiled(fused)
+    dev = build.device_for(build.make_target("llvm"))
+    for n in (1, 13, 150):
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype("float32")
+        got, = build.run(ex, dev, [x])
+        np.testing.assert_allclose(got, want(x), rtol=1e-5, atol=1e-5)
