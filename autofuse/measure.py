@@ -33,6 +33,7 @@ from autofuse.plan import FusionLimits
 from autofuse.plan import FusionPlan
 from autofuse.plan import IllegalPlanError
 from autofuse.plan import validate
+from autofuse.worker import PARENT_ENV
 from autofuse.workload import Workload
 
 # how long a fresh worker may take to import TVM and rebuild the workload before it counts as
@@ -349,6 +350,7 @@ class IsolatedMeasurer:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["TVM_NUM_THREADS"] = str(self.threads or cpu_threads())
+        env[PARENT_ENV] = str(os.getpid())  # the worker dies with this process (worker.die_with_parent)
         inputs = json.dumps([asdict(s) for s in self.workload.inputs])
         proc = subprocess.Popen(
             [sys.executable, "-m", "autofuse.worker", str(theirs.fileno()), self._work_dir, inputs],

@@ -17,14 +17,16 @@ them, or values computed from the row number (an arange) keep the plain loop nes
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from collections.abc import Iterator
 
+from tvm import relax
 from tvm import s_tir
 from tvm import tirx
 from tvm.sym import Analyzer
 from tvm.sym import ConstIntBound
+
+from autofuse.schedule import only_indexes
 
 CHUNK_ROWS = 64
 SMALL_ROWS = 8
@@ -114,46 +116,11 @@ def _block_rows_independent(blk: s_tir.SBlock, rows: Rows) -> bool:
         if row_dim is not None:
             places[region.source.name] = row_dim
     texts = [str(blk.body)] + ([str(blk.init)] if blk.init is not None else [])
-    return all(_only_indexes(_statements(t), str(v.name), places) for t in texts for v in row_vars)
+    return all(only_indexes(t, str(v.name), places) for t in texts for v in row_vars)
 
 
 def _is_one(expr: object) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr) == 1
-
-
-# the lines printed TIR starts with to declare the free variables and buffers of a statement
-_DECLARATION = re.compile(r"^\w+ = T\.\w+\(.*$", re.M)
-
-
-def _statements(text: str) -> str:
-    return _DECLARATION.sub("", text)
-
-
-def _only_indexes(text: str, var: str, places: dict[str, int]) -> bool:
-    """Whether each mention of `var` in printed TIR is a whole index of a buffer at the axis
-    `places` names for it (`y[v_i0, v_i1]` with places {"y": 0} for var v_i0)."""
-    for m in re.finditer(rf"\b{re.escape(var)}\b", text):
-        before, after = text[:m.start()].rstrip(), text[m.end():].lstrip()
-        if not before or before[-1] not in "[," or not after or after[0] not in ",]":
-            return False
-        depth, commas, k = 0, 0, m.start() - 1
-        while k >= 0:
-            ch = text[k]
-            if ch in ")]":
-                depth += 1
-            elif ch in "([":
-                if depth == 0:
-                    break
-                depth -= 1
-            elif ch == "," and depth == 0:
-                commas += 1
-            k -= 1
-        if k < 0 or text[k] != "[":
-            return False
-        name = re.search(r"(\w+)$", text[:k])
-        if name is None or places.get(name.group(1)) != commas:
-            return False
-    return True
 
 
 def chunked_candidates(
@@ -166,8 +133,8 @@ def chunked_candidates(
     from autofuse.schedule import SCHEDULED_ATTR
 
     rows = row_axes(func)
-    if rows is None or not rows_independent(rows):
-        return
+    if rows is None or relax.analysis.has_reshape_pattern(func) or not rows_independent(rows):
+        return  # a reshape stays as it is: the VM makes it a view of its input, no kernel at all
     chunk, small = _at_rows(rows, CHUNK_ROWS), _at_rows(rows, SMALL_ROWS)
     small = next(static_candidates(small), None) if small is not None else None
     for big in static_candidates(chunk) if chunk is not None else ():

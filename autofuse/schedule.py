@@ -92,6 +92,30 @@ def _uses(expr: object, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
+# the lines printed TIR starts with to declare the free variables and buffers of a statement
+_DECLARATION = re.compile(r"^\w+ = T\.\w+\(.*$", re.M)
+
+
+def only_indexes(text: str, var: str, places: dict[str, int]) -> bool:
+    """Whether each mention of `var` in a printed TIR statement is a whole index of a buffer at
+    the axis `places` names for it (`y[v_i0, v_i1]` with places {"y": 0} for var v_i0): the
+    statement computes nothing from it."""
+    body = _DECLARATION.sub("", text)
+    for m in re.finditer(rf"\b{re.escape(var)}\b", body):
+        before, after = body[:m.start()].rstrip(), body[m.end():].lstrip()
+        if not before or before[-1] not in "[," or not after or after[0] not in ",]":
+            return False
+        depth, commas, k = 0, 0, m.start() - 1
+        while k >= 0 and (depth or body[k] not in "(["):  # back to the bracket this index is in
+            depth += {")": 1, "]": 1, "(": -1, "[": -1}.get(body[k], 0)
+            commas += body[k] == "," and not depth
+            k -= 1
+        name = re.search(r"(\w+)$", body[:k]) if k >= 0 and body[k] == "[" else None
+        if name is None or places.get(name.group(1)) != commas:
+            return False
+    return True
+
+
 def vector_lanes(func: tirx.PrimFunc, vector_bits: int = 256) -> int:
     bits = 32
     for buf in func.params:
@@ -345,6 +369,15 @@ def _schedule_reduction(
         if par is not None:
             return par
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
+    index_only = _index_only_loop(sch, block, s_loops)
+    if index_only is not None:
+        outer = s_loops[:index_only] + s_loops[index_only + 1:]
+        sch.reorder(*outer, *r_loops, s_loops[index_only])
+        par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        if parallel:
+            sch.parallel(par)
+        sch.decompose_reduction(block, r_loops[0])
+        return par
     inner = s_loops[-1] if len(s_loops) >= 2 else None
     inner_ext = _extent(sch, inner) if inner is not None else None
     width = _vector_width(inner_ext, lanes) if inner is not None else None
@@ -366,6 +399,35 @@ def _schedule_reduction(
     # the init leaves the reduction loop; vectorising needs the reduction block intact first
     sch.decompose_reduction(block, r_loops[0])
     return par
+
+
+def _index_only_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, s_loops: list) -> int | None:
+    """Of the outer spatial loops (indices into `s_loops`), the longest whose iterator a block
+    that computes where to read from the data (a range in an input's access region) and
+    computes it at a cost (_COSTLY) uses only as a whole index: RoiAlign's channels, beside the
+    bilinear sample positions of each box's bin. Run innermost, inside the reduction, the
+    positions are computed once for all of its values (LLVM hoists them) instead of once per
+    value: Faster R-CNN's 64 boxes x 256 channels x 7 x 7 bins, 15.6 -> 6.5 ms."""
+    blk = sch.get(block)
+    if len(s_loops) < 2 or not _computes_costly(blk.body) or all(
+            all(_is_one(r.extent) for r in region.region) for region in blk.reads):
+        return None
+    loops = sch.get_loops(block)
+    driven = _driven(sch, block, loops)
+    if driven is None:
+        return None
+    drives = {sch.get(lp): ivs for lp, ivs in zip(loops, driven)}
+    text, best, best_extent = _body_text(blk.body), None, 0
+    for k, lp in enumerate(s_loops[:-1]):
+        ivs, extent = drives.get(sch.get(lp), set()), _extent(sch, lp) or 0
+        if len(ivs) != 1 or extent <= best_extent:
+            continue
+        var = blk.iter_vars[next(iter(ivs))].var
+        places = {region.source.name: d for region in list(blk.reads) + list(blk.writes)
+                  for d, r in enumerate(region.region) if r.min.same_as(var) and _is_one(r.extent)}
+        if only_indexes(text, str(var.name), places):
+            best, best_extent = k, extent
+    return best
 
 
 def _accumulate_vectors(

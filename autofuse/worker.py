@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# the environment variable carrying the id of the process that started the worker
+PARENT_ENV = "AUTOFUSE_WORKER_PARENT"
 
 
 def tolerance(dtype: str, compute: str | None = None) -> tuple[float, float]:
@@ -496,12 +500,31 @@ def serve(conn: Connection, work_dir: str, inputs: list[dict[str, Any]]) -> None
             return
 
 
+def die_with_parent(parent: int) -> None:
+    """Have Linux kill this worker when the process that started it dies (PR_SET_PDEATHSIG):
+    a tuning job ended by `timeout` or a signal otherwise left its worker timing plans on for
+    minutes, sharing the CPU with whatever was measured next. `parent`: that process's id, to
+    catch a parent that died before the request was made. Elsewhere nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 if __name__ == "__main__":
     import json
-    import sys
 
     # tvm_ffi imports torch when it is installed (for DLPack exchange, which the worker never
     # does): 2.1 s of the worker's 3.7 s start here, paid again by every decision round's fresh
     # worker. Marked absent, `import torch` raises ImportError, which tvm_ffi expects
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    die_with_parent(int(os.environ.get(PARENT_ENV, os.getppid())))
     serve(Connection(int(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3]))

