@@ -26,6 +26,7 @@ from tvm import tirx
 from tvm.sym import Analyzer
 from tvm.sym import ConstIntBound
 
+from autofuse.schedule import _is_one
 from autofuse.schedule import only_indexes
 
 CHUNK_ROWS = 64
@@ -117,10 +118,6 @@ def _block_rows_independent(blk: s_tir.SBlock, rows: Rows) -> bool:
             places[region.source.name] = row_dim
     texts = [str(blk.body)] + ([str(blk.init)] if blk.init is not None else [])
     return all(only_indexes(t, str(v.name), places) for t in texts for v in row_vars)
-
-
-def _is_one(expr: object) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr) == 1
 
 
 def chunked_candidates(

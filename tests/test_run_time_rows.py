@@ -20,8 +20,9 @@ from autofuse.schedule import schedule_candidates
 from autofuse.schedule import static_buffers
 
 # n = 0; fewer rows than the small chunk (padded); between the chunks; exactly a chunk; more
-# than a chunk, not a multiple of it (the last chunk overlaps the one before)
-ROWS = (0, 3, 8, 13, run_time_rows.CHUNK_ROWS, 150)
+# than a chunk, not a multiple of it (the last chunk overlaps the one before), a few rows more,
+# two chunks
+ROWS = (0, 3, 8, 13, run_time_rows.CHUNK_ROWS, 67, 100, 128, 150)
 
 
 def _fused(make: object, width: int, dtype: str = "float32") -> tvm.IRModule:
