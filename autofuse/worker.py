@@ -504,7 +504,9 @@ def die_with_parent(parent: int) -> None:
     """Have Linux kill this worker when the process that started it dies (PR_SET_PDEATHSIG):
     a tuning job ended by `timeout` or a signal otherwise left its worker timing plans on for
     minutes, sharing the CPU with whatever was measured next. `parent`: that process's id, to
-    catch a parent that died before the request was made. Elsewhere nothing is done."""
+    catch a parent that died before the request was made. Linux sends the signal when the
+    thread that started the worker ends: a measurer used from a thread that ends loses its
+    worker with it (and starts another when next asked). Elsewhere nothing is done."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
