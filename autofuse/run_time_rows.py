@@ -17,6 +17,7 @@ them, or values computed from the row number (an arange) keep the plain loop nes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from collections.abc import Iterator
 
@@ -40,11 +41,30 @@ class Rows:
 
     def __init__(self, func: tirx.PrimFunc, n: tirx.Expr, axes: dict[int, int]) -> None:
         self.func, self.n, self.axes = func, n, axes
-        self.sizes = {v.name for v in tirx.analysis.undefined_vars(n)}
+        sizes = tirx.analysis.undefined_vars(n)
+        self.sizes = {v.name for v in sizes}
         self.analyzer = Analyzer()
-        for v in tirx.analysis.undefined_vars(n):
+        for v in sizes:
             self.analyzer.update(v, ConstIntBound(0, 1 << 62))  # sizes, not below 0
         self.buffers = [k for k, p in enumerate(func.params) if isinstance(p.ty, tirx.BufferType)]
+
+    @functools.cached_property
+    def blocks(self) -> list[s_tir.SBlock]:
+        """Every block of the kernel but its root, nested ones too."""
+        from autofuse.schedule import new_schedule
+
+        sch = new_schedule(self.func)
+        todo, out = list(sch.get_child_blocks(sch.get_sblock("root"))), []
+        while todo:
+            block = todo.pop()
+            todo.extend(sch.get_child_blocks(block))
+            out.append(sch.get(block))
+        return out
+
+    @functools.cached_property
+    def written(self) -> list[tirx.Var]:
+        """The buffers some block writes (the kernel's outputs among them)."""
+        return [r.source for blk in self.blocks for r in blk.writes]
 
     def is_n(self, extent: object) -> bool:
         return not isinstance(extent, tirx.IntImm) and self.analyzer.can_prove_equal(extent, self.n)
@@ -80,20 +100,7 @@ def rows_independent(rows: Rows) -> bool:
     """Whether every row of the outputs is computed from the same row of the inputs alone: in each
     block, an iterator over n is spatial and indexes exactly the n-sized axis of each buffer it
     touches, every buffer it writes has that axis, and the body reads it nowhere else."""
-    return all(_block_rows_independent(blk, rows) for blk in _blocks(rows.func))
-
-
-def _blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
-    """Every block of `func` but its root, nested ones too."""
-    from autofuse.schedule import new_schedule
-
-    sch = new_schedule(func)
-    todo, out = list(sch.get_child_blocks(sch.get_sblock("root"))), []
-    while todo:
-        block = todo.pop()
-        todo.extend(sch.get_child_blocks(block))
-        out.append(sch.get(block))
-    return out
+    return all(_block_rows_independent(blk, rows) for blk in rows.blocks)
 
 
 def _block_rows_independent(blk: s_tir.SBlock, rows: Rows) -> bool:
@@ -209,11 +216,11 @@ def _padded(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx
     """`kernel` (of `count` rows) run once on copies of the inputs' 0 < n < count rows, padded
     with copies of their last row (data the kernel is made for: an index in range, say), its
     outputs' first n rows copied back."""
-    n, written = rows.n, _written(rows.func)
+    n = rows.n
     before, after = [], []
     for k, d in rows.axes.items():
         scratch, real = kernel.params[rows.buffers.index(k)], params[k]
-        if any(w.same_as(real) for w in written):
+        if any(w.same_as(real) for w in rows.written):
             after.append(_copy(real, d, n, lambda idx, s=scratch: s[tuple(idx)]))
         else:
             last = lambda idx, d=d: [tirx.min(i, n - 1) if a == d else i for a, i in enumerate(idx)]  # noqa: E731
@@ -222,11 +229,6 @@ def _padded(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx
     for k in rows.axes:
         body = tirx.AllocBuffer(kernel.params[rows.buffers.index(k)], body)
     return body
-
-
-def _written(func: tirx.PrimFunc) -> list[tirx.Var]:
-    """The buffers some block writes (the kernel's outputs among them)."""
-    return [r.source for blk in _blocks(func) for r in blk.writes]
 
 
 def _body(kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
