@@ -7,8 +7,10 @@ such a kernel stayed a plain loop nest (14.8 s of the model's 15.1 s). Where eac
 outputs depends only on the same row of the inputs, the kernel is the same static kernel run on
 successive chunks of rows: this module schedules that kernel for CHUNK_ROWS rows (and for
 SMALL_ROWS) with the rules and loops it over the rows, each chunk's buffers a view at its first
-row. The last chunk starts at n - CHUNK_ROWS, overlapping the one before it (rows computed twice
-write the same values); fewer rows than the smallest chunk go through a padded copy.
+row: whole chunks of CHUNK_ROWS, then the rest in chunks of SMALL_ROWS, the last of which starts at
+n - SMALL_ROWS, overlapping the one before it (rows computed twice write the same values); fewer
+rows than the smallest chunk go through a padded copy. Where SMALL_ROWS has no schedule of its own
+(not one re-laying the weights alike), CHUNK_ROWS chunks alone, the last overlapping.
 
 Only a kernel whose one run-time size is a whole axis of its buffers (after unit axes), indexed
 by a row iterator that nothing else reads, qualifies: reductions over the rows, gathers across
@@ -152,10 +154,16 @@ def chunked_candidates(
                 params[k] = big.params[j]  # a weight the schedule re-laid takes its new shape
         # each use of a kernel's body gets variables of its own (s_tir.renew_defs): the smaller
         # kernel runs looped and padded, and TIR defines a buffer once
-        body = tirx.IfThenElse(rows.n > 0, _padded(levels[-1][0], s_tir.renew_defs(levels[-1][1]), params, rows),
-                               None)
-        for count, kernel in reversed(levels):
-            body = tirx.IfThenElse(rows.n >= count, _looped(count, s_tir.renew_defs(kernel), params, rows), body)
+        n, (count, kernel) = rows.n, levels[-1]
+        padded = tirx.IfThenElse(n > 0, _padded(count, s_tir.renew_defs(kernel), params, rows), None)
+        if len(levels) == 1:
+            body = tirx.IfThenElse(n >= count, _looped(count, s_tir.renew_defs(kernel), params, rows), padded)
+        else:  # whole big chunks, then the rest in small ones: an overlapping big one computes up to 63 rows twice
+            whole = tirx.floordiv(n, CHUNK_ROWS)
+            rest = _looped(count, s_tir.renew_defs(kernel), params, rows, whole * CHUNK_ROWS)
+            body = tirx.IfThenElse(n >= count, tirx.SeqStmt([
+                _looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows, tirx.IntImm(n.ty.dtype, 0), whole), rest]),
+                padded)
         root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body))  # as TVM's analyses expect
         out = tirx.PrimFunc(params, root, attrs=func.attrs).with_attr(SCHEDULED_ATTR, True)
         yield out.with_attr(PACKED_ATTR, packed) if packed else out
@@ -197,19 +205,25 @@ def _static(p: tirx.Var, axis: int, count: int) -> tirx.Var:
     return tirx.decl_buffer(shape, p.dtype, p.name)
 
 
-def _looped(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
-    """`kernel` (of `count` rows) run on chunks of the rows, the last one ending at row n."""
+def _looped(
+    count: int, kernel: tirx.PrimFunc, params: list, rows: Rows, first: object = 0, chunks: object = None
+) -> tirx.Stmt:
+    """`kernel` (of `count` rows, n >= count) run on `chunks` chunks of the rows from row `first`
+    on (None: as many as reach row n), none past row n: the last one ends there, overlapping the
+    rows before it where they do not divide evenly."""
     n = rows.n
     dtype = n.ty.dtype
     chunk = tirx.Var("chunk", dtype)
-    start = tirx.min(chunk * count, n - count)
+    start = tirx.min(first + chunk * count, n - count)
+    if chunks is None:
+        chunks = tirx.floordiv(n - first + (count - 1), count)
     body = _body(kernel, params, rows)
     for k, d in rows.axes.items():
         first = [tirx.IntImm(dtype, 0)] * len(params[k].shape)
         first[d] = start
         body = tirx.DeclBuffer(kernel.params[rows.buffers.index(k)], body,
                                data=tirx.address_of(params[k][tuple(first)]))
-    return tirx.For(chunk, tirx.IntImm(dtype, 0), tirx.floordiv(n + (count - 1), count), tirx.ForKind.SERIAL, body)
+    return tirx.For(chunk, tirx.IntImm(dtype, 0), chunks, tirx.ForKind.SERIAL, body)
 
 
 def _padded(count: int, kernel: tirx.PrimFunc, params: list, rows: Rows) -> tirx.Stmt:
