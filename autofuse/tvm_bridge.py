@@ -759,6 +759,24 @@ def whole_tile_columns(columns: int) -> int:
     return n
 
 
+def _whole_vectors(columns: int) -> int:
+    return columns + (-columns % CHANNEL_MULTIPLE if columns % 4 else 0)
+
+
+def conv_channels(channels: int) -> int:
+    """The output channels a 2-D convolution is computed over: above 32, a multiple of two
+    CHANNEL_MULTIPLEs (a whole AVX-512 vector), else of one where 4 does not divide the count.
+    The register tiles of a count that 16 does not divide take vectors of 8 lanes on AVX-512,
+    one vector wide where the number of them is prime: RetinaNet's head, 3x3 from 256 channels
+    on 50x50, into 9 x 91 classes (824 once padded to 8) 94 ms, into 832 44 ms; into 9 x 4 box
+    coordinates 36: 4.3 ms, 48: 2.1 ms; 40, 72, 200, 840 channels 1.2-1.4x slower than 48, 80,
+    208, 848 (1x1 on 28x28 from 240: 1.0-1.15x). At 24 the extra third of the work costs what
+    it gains (`scripts/ragged_shapes.py channels`)."""
+    if channels > 4 * CHANNEL_MULTIPLE:
+        return channels + -channels % (2 * CHANNEL_MULTIPLE)
+    return _whole_vectors(channels)
+
+
 @relax.expr_functor.mutator
 class _ChannelPadder(relax.PyExprMutator):
     """Convolutions and constant-weight matmuls with whole vectors of output channels (see
@@ -775,25 +793,24 @@ class _ChannelPadder(relax.PyExprMutator):
             layout = str(call.attrs.out_layout or call.attrs.data_layout)
             # one output channel vectorises along the image instead (64 -> 1 on 64x64: 379 us
             # as it is; 2 or 3 channels 1462-1582 us, padded to 8 405-425 us)
-            return self._pad(call, str(call.attrs.kernel_layout).index("O"), layout.index("C"), 2)
+            pad_to = conv_channels if call.op.name == "relax.nn.conv2d" else _whole_vectors
+            return self._pad(call, str(call.attrs.kernel_layout).index("O"), layout.index("C"), 2, pad_to)
         if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.Constant)
                 and call.args[1].ty.ndim == 2):
             # up to SERIAL_INNER columns run as serial accumulators inside the reduction
             shape = [getattr(d, "value", None) for d in call.ty.shape.values]
             rows = math.prod(shape[:-1]) if all(isinstance(d, int) for d in shape[:-1]) else 0
-            return self._pad(call, 1, call.ty.ndim - 1, SERIAL_INNER + 1, wide=rows >= 4)
+            return self._pad(call, 1, call.ty.ndim - 1, SERIAL_INNER + 1,
+                             whole_tile_columns if rows >= 4 else _whole_vectors)
         return call
 
-    def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int, wide: bool = False) -> relax.Expr:
+    def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int, pad_to: Callable[[int], int]) -> relax.Expr:
         weight = call.args[1]
         shape = [getattr(d, "value", None) for d in call.ty.shape.values] if call.ty.ndim > 0 else []
         channels = shape[out_axis] if shape else None
         if not isinstance(channels, int) or channels < least:
             return call
-        if wide:
-            padded_to = whole_tile_columns(channels)
-        else:
-            padded_to = channels + (-channels % CHANNEL_MULTIPLE if channels % 4 else 0)
+        padded_to = pad_to(channels)
         if padded_to == channels:
             return call
         emit = self.builder_.normalize
@@ -814,7 +831,7 @@ class WholeVectorChannels:
     20x20 image: 33.6 ms, 0.79 ms padded, 0.93 ms for 256 channels; `scripts/ragged_shapes.py channels`).
     1-D convolutions likewise. A matmul over 4 or more rows also pads to an even number of
     vectors or a multiple of 3 (whole_tile_columns), so that its register tiles are wider than
-    one vector. The padding of constant weights folds at compile time; the slice is the
+    one vector; a 2-D convolution over 32 channels, to whole AVX-512 vectors (conv_channels). The padding of constant weights folds at compile time; the slice is the
     convolution's epilogue."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

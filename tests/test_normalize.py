@@ -233,7 +233,10 @@ def test_transposed_convolution_with_stride_equal_to_kernel_becomes_a_matmul(ker
 
 
 @pytest.mark.parametrize("op, rows, channels, computed", [
-    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv3d", 72, 21, 24), ("conv1d", 6, 258, 264), ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1), ("conv2d", 36, 40, 40),
+    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv3d", 72, 21, 24), ("conv1d", 6, 258, 264), ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1),
+    # above 32 channels, whole AVX-512 vectors: RetinaNet's 9 x 91 classes and 9 x 4 box coordinates
+    ("conv2d", 36, 40, 48), ("conv2d", 36, 819, 832), ("conv2d", 36, 36, 48), ("conv2d", 36, 48, 48),
+    ("conv3d", 72, 40, 40),
     ("matmul", 3, 101, 104), ("matmul", 3, 200, 200), ("matmul", 3, 21, 21),
     ("matmul", 8, 101, 112), ("matmul", 8, 200, 208), ("matmul", 8, 120, 120), ("matmul", 8, 8210, 8224)])
 def test_output_channels_no_vector_divides_are_computed_padded_and_sliced(op, rows, channels, computed):
@@ -241,7 +244,8 @@ def test_output_channels_no_vector_divides_are_computed_padded_and_sliced(op, ro
     # of output channels the kernel fell back to a dot product per output (64 -> 255 channels
     # on a 20x20 image: 33.6 ms, 0.79 padded; scripts/ragged_shapes.py channels). A matmul over
     # several rows also needs an even number of vectors or a multiple of 3 for tiles wider than
-    # one vector (a CRNN's 32 x 1024 x 8210 output layer: 4.5 -> 3.1 ms alone)
+    # one vector (a CRNN's 32 x 1024 x 8210 output layer: 4.5 -> 3.1 ms alone); a 2-D convolution
+    # over 32 channels a multiple of 16 (tvm_bridge.conv_channels)
     rng = np.random.default_rng(5)
     bb = relax.BlockBuilder()
     shape = {"conv2d": (1, 8, 6, 6), "conv3d": (1, 8, 2, 6, 6), "conv1d": (1, 8, rows)}.get(op, (rows, 40))
