@@ -794,6 +794,8 @@ def _gemm_tiles(
     if streamed is not None:
         order, r_loops, reduce_top = streamed
     else:
+        if not columns_outer and weights >= l2_bytes():
+            order = _column_blocks(sch, jo, others, io, weights)
         sch.reorder(*order, *r_loops, ii, ji)
         reduce_top = r_loops[0]
     parallel = _work(sch, block) >= MIN_PARALLEL_WORK
@@ -827,6 +829,25 @@ def _gemm_tiles(
         sch.reverse_compute_at(copy, tile)
         _vectorize_inner(sch, copy, width)
     return tile
+
+
+def _column_blocks(
+    sch: s_tir.Schedule, jo: s_tir.schedule.LoopRV, others: list, io: s_tir.schedule.LoopRV, weights: int
+) -> list:
+    """The register tiles' loop order where the weights do not stay in L2 but the rows they meet
+    outweigh them: blocks of column tiles whose panels fill at most half of L2 outermost, then
+    the rows, then the column tiles of the block. Row tiles outermost streamed all the weights
+    from L3 again for every row tile (RetinaNet's 3x3 256 -> 256 convolutions, 2.4 MB of
+    weights: on 100x100 64 ms alone, 47 ms in blocks; on 50x50 13.6 -> 11.6 ms); the inputs
+    are now read once per block instead."""
+    tiles = _extent(sch, jo)
+    if not tiles:
+        return [*others, io, jo]
+    per = max(d for d in range(1, tiles + 1) if tiles % d == 0 and (d == 1 or weights * d // tiles <= l2_bytes() // 2))
+    if per == tiles:
+        return [*others, io, jo]
+    outer, inner = sch.split(jo, [None, per])
+    return [outer, *others, io, inner]
 
 
 def _tile_scope(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, elements: int) -> str:

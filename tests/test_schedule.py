@@ -817,6 +817,24 @@ def test_weights_larger_than_l2_are_streamed_once(columns_outer):
     _run_matmul(func, 12, n, 512)
 
 
+@pytest.mark.parametrize("l2_kib", [256, 64 << 10])
+def test_weights_larger_than_l2_meeting_more_rows_go_in_blocks_of_columns(l2_kib, monkeypatch):
+    # 512 KiB of weights against 600 KiB of rows: with a 256 KiB L2 neither order of whole loops
+    # keeps anything in cache (rows outermost stream all the weights again for every row tile:
+    # RetinaNet's 3x3 256 -> 256 convolution on 100x100 64 ms; 47 in blocks). Blocks of column
+    # tiles whose panels fill half of L2 (256 columns x 128 x 4 bytes) go outermost, then the
+    # rows, then the block's column tiles; with a 64 MiB L2 the rows stay outermost
+    from autofuse import schedule
+
+    monkeypatch.setattr(schedule, "l2_bytes", lambda: l2_kib << 10)
+    func = schedule_cpu(_matmul(1200, 1024, 128), lanes=8, acc=12)
+    rows, cols = _binding(func, "C_update", 0), _binding(func, "C_update", 1)
+    blocked = l2_kib == 256
+    assert ("//" in cols and "%" in cols and "* 256 +" in cols and "%" in rows) == blocked, (rows, cols)
+    assert ("//" in rows and "//" not in cols) == (not blocked), (rows, cols)
+    _run_matmul(func, 1200, 1024, 128)
+
+
 def test_a_small_image_gives_the_register_tile_rows_from_all_its_rows():
     # a 1x1 convolution on a 2x2 channels-last image: two rows of one image row used 4 of the
     # 12 accumulators and streamed the weights once per image row (ResNeXt's 1024 -> 2048 one:
