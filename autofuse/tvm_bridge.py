@@ -763,16 +763,20 @@ def _whole_vectors(columns: int) -> int:
     return columns + (-columns % CHANNEL_MULTIPLE if columns % 4 else 0)
 
 
-def conv_channels(channels: int) -> int:
-    """The output channels a 2-D convolution is computed over: above 32, a multiple of two
+def conv_channels(channels: int, taps: int) -> int:
+    """The output channels a 2-D convolution with `taps` multiply-adds per output (input
+    channels x kernel area) is computed over: above 32 channels and 64 taps, a multiple of two
     CHANNEL_MULTIPLEs (a whole AVX-512 vector), else of one where 4 does not divide the count.
     The register tiles of a count that 16 does not divide take vectors of 8 lanes on AVX-512,
     one vector wide where the number of them is prime: RetinaNet's head, 3x3 from 256 channels
     on 50x50, into 9 x 91 classes (824 once padded to 8) 94 ms, into 832 44 ms; into 9 x 4 box
     coordinates 36: 4.3 ms, 48: 2.1 ms; 40, 72, 200, 840 channels 1.2-1.4x slower than 48, 80,
-    208, 848 (1x1 on 28x28 from 240: 1.0-1.15x). At 24 the extra third of the work costs what
-    it gains (`scripts/ragged_shapes.py channels`)."""
-    if channels > 4 * CHANNEL_MULTIPLE:
+    208, 848 (1x1 on 28x28 from 240: 1.0-1.15x; `scripts/ragged_shapes.py channels`). With few
+    taps the output's writes cost more than the arithmetic, and each pixel's last, partial
+    vector of the sliced output is stored lane by lane: Faster R-CNN-MobileNetV3's 1x1 24 -> 72
+    on 80x80 ran 0.26 ms, 0.50 as 80 (`vm_profile.py`); at 24 channels the extra third of the
+    work costs what it gains."""
+    if channels > 4 * CHANNEL_MULTIPLE and taps >= 8 * CHANNEL_MULTIPLE:
         return channels + -channels % (2 * CHANNEL_MULTIPLE)
     return _whole_vectors(channels)
 
@@ -793,8 +797,13 @@ class _ChannelPadder(relax.PyExprMutator):
             layout = str(call.attrs.out_layout or call.attrs.data_layout)
             # one output channel vectorises along the image instead (64 -> 1 on 64x64: 379 us
             # as it is; 2 or 3 channels 1462-1582 us, padded to 8 405-425 us)
-            pad_to = conv_channels if call.op.name == "relax.nn.conv2d" else _whole_vectors
-            return self._pad(call, str(call.attrs.kernel_layout).index("O"), layout.index("C"), 2, pad_to)
+            o_axis = str(call.attrs.kernel_layout).index("O")
+            dims = [getattr(d, "value", None) for d in call.args[1].ty.shape.values]
+            taps = math.prod(d for k, d in enumerate(dims) if k != o_axis) if None not in dims else 0
+            pad_to = _whole_vectors
+            if call.op.name == "relax.nn.conv2d":
+                pad_to = lambda c: conv_channels(c, taps)  # noqa: E731
+            return self._pad(call, o_axis, layout.index("C"), 2, pad_to)
         if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.Constant)
                 and call.args[1].ty.ndim == 2):
             # up to SERIAL_INNER columns run as serial accumulators inside the reduction
