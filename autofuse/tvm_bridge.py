@@ -813,7 +813,9 @@ class _ChannelPadder(relax.PyExprMutator):
                              whole_tile_columns if rows >= 4 else _whole_vectors)
         return call
 
-    def _pad(self, call: relax.Call, w_axis: int, out_axis: int, least: int, pad_to: Callable[[int], int]) -> relax.Expr:
+    def _pad(
+        self, call: relax.Call, w_axis: int, out_axis: int, least: int, pad_to: Callable[[int], int]
+    ) -> relax.Expr:
         weight = call.args[1]
         shape = [getattr(d, "value", None) for d in call.ty.shape.values] if call.ty.ndim > 0 else []
         channels = shape[out_axis] if shape else None
@@ -840,8 +842,9 @@ class WholeVectorChannels:
     20x20 image: 33.6 ms, 0.79 ms padded, 0.93 ms for 256 channels; `scripts/ragged_shapes.py channels`).
     1-D convolutions likewise. A matmul over 4 or more rows also pads to an even number of
     vectors or a multiple of 3 (whole_tile_columns), so that its register tiles are wider than
-    one vector; a 2-D convolution over 32 channels, to whole AVX-512 vectors (conv_channels). The padding of constant weights folds at compile time; the slice is the
-    convolution's epilogue."""
+    one vector; a 2-D convolution into more than 32 channels with 64 taps or more, to whole
+    AVX-512 vectors (conv_channels). The padding of constant weights folds at compile time; the
+    slice is the convolution's epilogue."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _rewrite_functions(mod, _ChannelPadder)

@@ -233,7 +233,8 @@ def test_transposed_convolution_with_stride_equal_to_kernel_becomes_a_matmul(ker
 
 
 @pytest.mark.parametrize("op, rows, channels, computed", [
-    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv3d", 72, 21, 24), ("conv1d", 6, 258, 264), ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1),
+    ("conv2d", 36, 21, 24), ("conv2d", 36, 3, 8), ("conv3d", 72, 21, 24), ("conv1d", 6, 258, 264),
+    ("conv1d", 6, 16, 16), ("conv2d", 36, 24, 24), ("conv2d", 36, 1, 1),
     # above 32 channels, whole AVX-512 vectors: RetinaNet's 9 x 91 classes and 9 x 4 box coordinates
     ("conv2d", 36, 40, 48), ("conv2d", 36, 819, 832), ("conv2d", 36, 36, 48), ("conv2d", 36, 48, 48),
     ("conv3d", 72, 40, 40), ("conv2d_1x1", 36, 40, 40), ("conv2d_1x1", 36, 36, 36),  # 8 taps: writes cost most
