@@ -142,13 +142,19 @@ def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
                         for i in range(2)])
 
 
+# a TopK's outputs are allocated at k's largest value (and TVM's heap takes k as an int32):
+# beyond this many, every candidate is sorted instead
+MAX_TOP_K = 1 << 16
+
+
 def _largest(size: tirx.PrimExpr) -> int | None:
-    """The largest value an expression of sizes (none below 0) can take, where it has one."""
+    """The largest value an expression of sizes (none below 0) can take, where it has one of at
+    most MAX_TOP_K."""
     analyzer = Analyzer()
     for v in tirx.analysis.undefined_vars(size):
         analyzer.update(v, ConstIntBound(0, 1 << 62))
     top = int(analyzer.const_int_bound(size).max_value)
-    return top if 0 < top < 1 << 62 else None
+    return top if 0 < top <= MAX_TOP_K else None
 
 
 CONVERTERS: dict[str, type] = {

@@ -290,3 +290,16 @@ def test_top_k_before_opset_10_still_takes_k_from_its_attribute(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
     _, got = check_against_onnxruntime(model, tmp_path, feeds=[np.random.default_rng(0).random((2, 10), "float32")])
     assert got[1].shape == (2, 3)
+
+
+def test_a_run_time_k_is_bounded_only_by_a_modest_constant():
+    """min(1000, n) keeps the best 1000; n alone, or a bound too large to allocate, sorts all."""
+    from tvm import tirx
+
+    from autofuse.onnx_sizes import MAX_TOP_K
+    from autofuse.onnx_sizes import _largest
+
+    n = tirx.Var("n", "int64")
+    assert _largest(tirx.min(tirx.IntImm("int64", 1000), n)) == 1000
+    assert _largest(n) is None
+    assert _largest(tirx.min(tirx.IntImm("int64", MAX_TOP_K + 1), n)) is None
