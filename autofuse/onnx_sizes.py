@@ -19,8 +19,6 @@ import onnx
 from onnx import helper
 from tvm import relax
 from tvm import tirx
-from tvm.sym import Analyzer
-from tvm.sym import ConstIntBound
 
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import const_ints
@@ -150,10 +148,9 @@ MAX_TOP_K = 1 << 16
 def _largest(size: tirx.PrimExpr) -> int | None:
     """The largest value an expression of sizes (none below 0) can take, where it has one of at
     most MAX_TOP_K."""
-    analyzer = Analyzer()
-    for v in tirx.analysis.undefined_vars(size):
-        analyzer.update(v, ConstIntBound(0, 1 << 62))
-    top = int(analyzer.const_int_bound(size).max_value)
+    from autofuse.run_time_rows import sizes_analyzer
+
+    top = int(sizes_analyzer(size).const_int_bound(size).max_value)
     return top if 0 < top <= MAX_TOP_K else None
 
 

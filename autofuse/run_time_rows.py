@@ -36,6 +36,14 @@ CHUNK_ROWS = 64
 SMALL_ROWS = 8
 
 
+def sizes_analyzer(expr: tirx.PrimExpr) -> Analyzer:
+    """TVM's arithmetic analyzer, told that the variables of `expr` are sizes (none below 0)."""
+    analyzer = Analyzer()
+    for v in tirx.analysis.undefined_vars(expr):
+        analyzer.update(v, ConstIntBound(0, 1 << 62))
+    return analyzer
+
+
 class Rows:
     """A kernel's run-time row count n (an expression of sizes known at run time: min(150, s)),
     the axis it sizes in each of its parameters that has it, and the parameters that are sizes
@@ -43,11 +51,8 @@ class Rows:
 
     def __init__(self, func: tirx.PrimFunc, n: tirx.Expr, axes: dict[int, int]) -> None:
         self.func, self.n, self.axes = func, n, axes
-        sizes = tirx.analysis.undefined_vars(n)
-        self.sizes = {v.name for v in sizes}
-        self.analyzer = Analyzer()
-        for v in sizes:
-            self.analyzer.update(v, ConstIntBound(0, 1 << 62))  # sizes, not below 0
+        self.sizes = {v.name for v in tirx.analysis.undefined_vars(n)}
+        self.analyzer = sizes_analyzer(n)
         self.buffers = [k for k, p in enumerate(func.params) if isinstance(p.ty, tirx.BufferType)]
 
     @functools.cached_property
@@ -143,27 +148,24 @@ def chunked_candidates(
         return  # a reshape stays as it is: the VM makes it a view of its input, no kernel at all
     chunk, small = _at_rows(rows, CHUNK_ROWS), _at_rows(rows, SMALL_ROWS)
     small = next(static_candidates(small), None) if small is not None else None
+    n = rows.n
     for big in static_candidates(chunk) if chunk is not None else ():
         packed = _packed(rows, big)
-        levels = [(CHUNK_ROWS, big)]
-        if small is not None and _packed(rows, small) == packed:
-            levels.append((SMALL_ROWS, small))
         params = list(func.params)
         for j, k in enumerate(rows.buffers):
             if k not in rows.axes:
                 params[k] = big.params[j]  # a weight the schedule re-laid takes its new shape
-        # each use of a kernel's body gets variables of its own (s_tir.renew_defs): the smaller
-        # kernel runs looped and padded, and TIR defines a buffer once
-        n, (count, kernel) = rows.n, levels[-1]
-        padded = tirx.IfThenElse(n > 0, _padded(count, s_tir.renew_defs(kernel), params, rows), None)
-        if len(levels) == 1:
-            body = tirx.IfThenElse(n >= count, _looped(count, s_tir.renew_defs(kernel), params, rows), padded)
-        else:  # whole big chunks, then the rest in small ones: an overlapping big one computes up to 63 rows twice
+        # each use of a kernel's body gets variables of its own (s_tir.renew_defs): TIR defines
+        # a buffer once
+        if small is None or _packed(rows, small) != packed:  # big chunks alone, the last overlapping
+            looped, (count, last) = _looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows), (CHUNK_ROWS, big)
+        else:  # whole big chunks, then the rest in small ones (an overlapping big one recomputed up to 63 rows)
             whole = tirx.floordiv(n, CHUNK_ROWS)
-            rest = _looped(count, s_tir.renew_defs(kernel), params, rows, whole * CHUNK_ROWS)
-            body = tirx.IfThenElse(n >= count, tirx.SeqStmt([
-                _looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows, tirx.IntImm(n.ty.dtype, 0), whole), rest]),
-                padded)
+            looped = tirx.SeqStmt([_looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows, chunks=whole),
+                                   _looped(SMALL_ROWS, s_tir.renew_defs(small), params, rows, whole * CHUNK_ROWS)])
+            count, last = SMALL_ROWS, small
+        padded = _padded(count, s_tir.renew_defs(last), params, rows)  # fewer rows than the smallest chunk
+        body = tirx.IfThenElse(n >= count, looped, tirx.IfThenElse(n > 0, padded, None))
         root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body))  # as TVM's analyses expect
         out = tirx.PrimFunc(params, root, attrs=func.attrs).with_attr(SCHEDULED_ATTR, True)
         yield out.with_attr(PACKED_ATTR, packed) if packed else out
@@ -219,10 +221,9 @@ def _looped(
         chunks = tirx.floordiv(n - first + (count - 1), count)
     body = _body(kernel, params, rows)
     for k, d in rows.axes.items():
-        first = [tirx.IntImm(dtype, 0)] * len(params[k].shape)
-        first[d] = start
-        body = tirx.DeclBuffer(kernel.params[rows.buffers.index(k)], body,
-                               data=tirx.address_of(params[k][tuple(first)]))
+        at = [tirx.IntImm(dtype, 0)] * len(params[k].shape)
+        at[d] = start
+        body = tirx.DeclBuffer(kernel.params[rows.buffers.index(k)], body, data=tirx.address_of(params[k][tuple(at)]))
     return tirx.For(chunk, tirx.IntImm(dtype, 0), chunks, tirx.ForKind.SERIAL, body)
 
 

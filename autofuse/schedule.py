@@ -779,14 +779,15 @@ def _gemm_tiles(
     io, ii = sch.split(i, [None, ti])  # without padding, a partial last tile is predicated
     jo, ji = sch.split(j, [None, tj])
     # weights that do not stay in L2 are streamed once: column tiles outermost, where they
-    # also outweigh the rows they meet (one tile's panel then serves every row from L1/L2).
-    # Otherwise row tiles outermost: a big image's rows against a few KiB of weights (ResNeXt's
-    # 16x16 images 1.1x slower with columns outermost), or weights that L2 holds anyway (ViT's
-    # 128 x 512 projections 1.1x slower). ResNeXt's 0.5-8 MB weights on 8x8 and smaller
-    # images (cold): 1.1-1.5x faster
+    # also outweigh the rows they meet (one tile's panel then serves every row from L1/L2), in
+    # blocks that fit L2 where not (_column_blocks). Otherwise row tiles outermost: a big
+    # image's rows against a few KiB of weights (ResNeXt's 16x16 images 1.1x slower with
+    # columns outermost), or weights that L2 holds anyway (ViT's 128 x 512 projections 1.1x
+    # slower). ResNeXt's 0.5-8 MB weights on 8x8 and smaller images (cold): 1.1-1.5x faster
     weights = _read_bytes(sch, block, lambda r: _names(r, s_vars[-1]) and not _names(r, s_vars[row]))
     rows = _read_bytes(sch, block, lambda r: _names(r, s_vars[row]))
-    columns_outer = weights > rows and weights >= l2_bytes()
+    beyond_l2 = weights >= l2_bytes()
+    columns_outer = beyond_l2 and weights > rows
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
     streamed = None
     if packed and weights >= max(STREAM_BYTES, rows):
@@ -794,7 +795,7 @@ def _gemm_tiles(
     if streamed is not None:
         order, r_loops, reduce_top = streamed
     else:
-        if not columns_outer and weights >= l2_bytes():
+        if beyond_l2 and not columns_outer:
             order = _column_blocks(sch, jo, others, io, weights)
         sch.reorder(*order, *r_loops, ii, ji)
         reduce_top = r_loops[0]
@@ -843,7 +844,8 @@ def _column_blocks(
     tiles = _extent(sch, jo)
     if not tiles:
         return [*others, io, jo]
-    per = max(d for d in range(1, tiles + 1) if tiles % d == 0 and (d == 1 or weights * d // tiles <= l2_bytes() // 2))
+    half = l2_bytes() // 2
+    per = max(d for d in range(1, tiles + 1) if tiles % d == 0 and (d == 1 or weights * d // tiles <= half))
     if per == tiles:
         return [*others, io, jo]
     outer, inner = sch.split(jo, [None, per])
