@@ -36,6 +36,7 @@ from autofuse import onnx_dft
 from autofuse import onnx_float16
 from autofuse import onnx_integer
 from autofuse import onnx_loop
+from autofuse import onnx_loop_function
 from autofuse import onnx_nms
 from autofuse import onnx_qlinear
 from autofuse import onnx_resize
@@ -282,7 +283,7 @@ def _fix_values(model: onnx.ModelProto, fixed: Sequence[InputSpec]) -> onnx.Mode
 _CONVERTERS = {**onnx_rnn.CONVERTERS, **onnx_dft.CONVERTERS, **onnx_attention.CONVERTERS,
                **onnx_composites.CONVERTERS, **onnx_contrib.CONVERTERS, **onnx_resize.CONVERTERS,
                **onnx_corrections.CONVERTERS, **onnx_nms.CONVERTERS, **onnx_deform_conv.CONVERTERS,
-               **onnx_sizes.CONVERTERS}
+               **onnx_sizes.CONVERTERS, **onnx_loop_function.CONVERTERS}
 
 
 @functools.cache
@@ -347,6 +348,10 @@ def _load_onnx(path: Path, given: Sequence[InputSpec], simplify: bool, upcast_ha
         unrolled += more
     if unrolled:
         notes.append(f"{unrolled} Loop or Scan node(s) of a fixed length unrolled")
+    looped = sum(n.op_type == "Loop" for n in model.graph.node)
+    if looped:
+        notes.append(f"{looped} Loop node(s) of a length known only at run time imported as recursive functions "
+                     "(their kernels scheduled, not fused)")
     _refuse_run_time_branches(model, specs)
     four_bits = onnx_constants.reads_four_bits(model.graph)
     model, folded = onnx_constants.fold(model, lambda node: not _converts(node) or four_bits(node))

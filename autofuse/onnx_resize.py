@@ -23,11 +23,12 @@ import math
 
 import numpy as np
 from tvm import relax
+from tvm import tirx
 
 from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
-from autofuse.onnx_converters import static_shape
 from autofuse.onnx_converters import text
 
 
@@ -35,6 +36,8 @@ def _values(expr: relax.Expr | None, what: str) -> np.ndarray | None:
     """A constant input's values (None where absent or empty); anything else is refused."""
     if expr is None:
         return None
+    if _static_shape_expr(expr):  # sizes the frontend computed from shapes
+        return np.array([int(v) for v in expr.values], np.int64)
     try:
         values = expr.value.numpy()
     except AttributeError:
@@ -97,13 +100,13 @@ def _axis_matrix(
 
 
 def _matrix_resize(
-    bb: relax.BlockBuilder, x: relax.Expr, scale: list[float], out: list[int], attr: dict,
+    bb: relax.BlockBuilder, x: relax.Expr, shape: tuple[int, ...], scale: list[float], out: list[int], attr: dict,
     roi: np.ndarray | None,
 ) -> relax.Expr:
     """Each resized axis as a matmul by its interpolation matrix (float arithmetic; an integer
     input is rounded and saturated back, as the reference's saturate_cast)."""
-    shape, dtype = static_shape(x), str(x.ty.dtype)
-    rank = len(shape)  # type: ignore[arg-type]
+    dtype = str(x.ty.dtype)
+    rank = len(shape)
     compute = dtype if dtype.startswith(("float", "bfloat")) else "float32"
     y = x if compute == dtype else bb.emit(relax.op.astype(x, compute))
     for a in range(rank):
@@ -144,12 +147,17 @@ def _resize(
     bb: relax.BlockBuilder, x: relax.Expr, scales: np.ndarray | None, sizes: np.ndarray | None,
     roi: np.ndarray | None, attr: dict, params: list,
 ) -> relax.Expr:
-    shape = static_shape(x)
-    if shape is None:
-        raise ValueError("Resize: the input needs a static shape")
+    sizes_now = _input_sizes(x)
     axes = [int(a) for a in attr["axes"]] if attr.get("axes") else None
+    # an axis sized at run time (the detections a keypoint head runs on) may only be left as it
+    # is: it takes a size of 1 here, and what is computed from it never reaches a kernel
+    run_time = [a for a, n in enumerate(sizes_now) if n is None]
+    shape = tuple(1 if n is None else n for n in sizes_now)
     scale, out = _resolve(shape, scales, sizes, axes, attr["keep_aspect_ratio_policy"])
     rank = len(shape)
+    given = {a % rank for a in axes} if axes else set(range(rank))
+    if any(sizes is not None and a in given or scale[a] != 1 for a in run_time):
+        raise ValueError("Resize: an axis whose size is known only at run time must keep its size (scale 1)")
     if roi is not None and axes:  # ROI given for `axes` only: spread over every axis
         full = np.array([0.0] * rank + [1.0] * rank)
         for i, a in enumerate(a % rank for a in axes):
@@ -157,14 +165,22 @@ def _resize(
         roi = full
     if attr["coordinate_transformation_mode"] != "tf_crop_and_resize":
         roi = None
-    if _tvm_exact(shape, scale, out, attr):
+    if _tvm_exact(shape, scale, out, attr) and all(a < 2 for a in run_time):  # TVM's kernel reads out[2:]
         from tvm.relax.frontend.onnx.onnx_frontend import Resize
 
         tvm_attr = {k: (v.encode() if isinstance(v, str) else v) for k, v in attr.items()
                     if k not in ("axes", "antialias", "keep_aspect_ratio_policy")}
         roi_const = array_const(np.asarray(roi if roi is not None else [], "float32"))
         return Resize._impl_v18(bb, [x, roi_const, None, array_const(np.asarray(out, "int64"))], tvm_attr, params)
-    return _matrix_resize(bb, x, scale, out, attr, roi)
+    return _matrix_resize(bb, x, shape, scale, out, attr, roi)
+
+
+def _input_sizes(x: relax.Expr) -> list[int | None]:
+    """The input's sizes, None for one known only at run time."""
+    values = getattr(getattr(x.ty, "shape", None), "values", None)
+    if values is None:
+        raise ValueError("Resize: the input needs a shape")
+    return [int(v) if isinstance(v, tirx.IntImm) else None for v in values]
 
 
 def _attributes(attr: dict, **fixed: object) -> dict:
@@ -188,8 +204,39 @@ def _attributes(attr: dict, **fixed: object) -> dict:
 
 def _resize_v11(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     roi, scales, sizes = (optional_input(inputs, i, params) for i in (1, 2, 3))
+    if sizes is not None and not is_const(sizes) and not _static_shape_expr(sizes):
+        return _run_time_resize(bb, inputs[0], sizes, _attributes(attr))
     return _resize(bb, inputs[0], _values(scales, "scales"), _values(sizes, "sizes"), _values(roi, "roi"),
                    _attributes(attr), params)
+
+
+def _static_shape_expr(expr: relax.Expr) -> bool:
+    return isinstance(expr, relax.ShapeExpr) and all(isinstance(v, tirx.IntImm) for v in expr.values)
+
+
+def _run_time_resize(bb: relax.BlockBuilder, x: relax.Expr, sizes: relax.Expr, attr: dict) -> relax.Expr:
+    """A 2-D resize to sizes computed at run time (Keypoint R-CNN's heatmaps, resized to each
+    detection's box): TVM's kernel, sized by symbolic variables. Given sizes make ONNX's scale
+    out / in, TVM's own map, so TVM computes it exactly where it computes the constant case
+    exactly (see `_tvm_exact`), except that a filter's width cannot follow a downsampling
+    (antialias) here. The batch and channel sizes given are checked against the input's at
+    run time."""
+    values = x.ty.shape.values if isinstance(getattr(x.ty, "shape", None), relax.ShapeExpr) else []
+    mode = attr["coordinate_transformation_mode"]
+    if len(values) != 4 or attr["axes"] or attr["antialias"] or attr["keep_aspect_ratio_policy"] != "stretch" \
+            or mode in ("half_pixel_symmetric", "tf_crop_and_resize"):
+        raise ValueError("Resize: sizes computed at run time are supported on 4-D inputs of a known shape, without "
+                         f"axes, antialias, an aspect-ratio policy or the {mode} transform")
+    if not isinstance(sizes.ty, relax.ShapeType):
+        sizes = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.astype(sizes, "int64"))))
+    h, w = tirx.Var("resized_h", "int64"), tirx.Var("resized_w", "int64")
+    bb.match_cast(sizes, relax.ShapeType([*values[:2], h, w]))
+    return relax.op.image.resize2d(
+        x, size=relax.ShapeExpr([h, w]), roi=[0.0] * 4, layout="NCHW",
+        method="nearest_neighbor" if attr["mode"] == "nearest" else attr["mode"],
+        coordinate_transformation_mode=mode, rounding_method=attr["nearest_mode"],
+        cubic_alpha=attr["cubic_coeff_a"], cubic_exclude=attr["exclude_outside"],
+        extrapolation_value=attr["extrapolation_value"])
 
 
 def _asymmetric_floor(

@@ -111,8 +111,9 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
     if count_calls(mod, *_CONVOLUTIONS):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
+        failed = ""
         try:
-            mod = _block_by_block(mod, relax.transform.ConvertLayout(
+            mod, failed = _block_by_block(mod, relax.transform.ConvertLayout(
                 {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
                  "relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv3d": ["NDHWC", "DHWIO"]}
             ))
@@ -123,16 +124,15 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
             # model did not import at all
             from autofuse.importer import error_line
 
-            note = (f"channels-last layout not applied ({error_line(err)[:120]}): "
-                    "convolutions stay channels-first")
-            if notes is None:
-                warnings.warn(note, stacklevel=2)
-            else:
-                notes.append(note)
+            failed = f"channels-last layout not applied ({error_line(err)[:120]}): convolutions stay channels-first"
+        if failed and notes is None:
+            warnings.warn(failed, stacklevel=2)
+        elif failed:
+            notes.append(failed)
     # after the layout change: FastMathTransform emits its polynomials as TIR calls, which
     # ConvertLayout cannot see through (a transpose each side of every SiLU between convolutions)
     mod = tvm.transform.Sequential(
-        [VectorMath(), WholeVectorChannels(), WholeTileRows(), relax.transform.FastMathTransform()]
+        [VectorMath(), WholeVectorChannels(), WholeTileRows(), FastMath()]
     )(mod)
     # sort/scan ops (cumsum in RoBERTa's position ids, sort, top-k) have no legalization: TVM's
     # pipeline dispatches them to kernels first. The generic (CPU) kernels serve every target:
@@ -277,6 +277,25 @@ class VectorMath:
         return _rewrite_functions(mod, _VectorMathRewriter)
 
 
+@tvm.transform.module_pass(opt_level=0, name="AutofuseFastMath")
+class FastMath:
+    """TVM's FastMathTransform (exp, erf, tanh and softmax as polynomials) on calls of operators
+    only: TVM's reads every call's `op.name`, and a call of a function (onnx_loop_function's loops)
+    has none."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from tvm.relax.transform.fast_math import FastMathCodeGenerator
+
+        @relax.expr_functor.mutator
+        class _OpsOnly(FastMathCodeGenerator._cls):
+            def visit_call_(self, call: relax.Call) -> relax.Expr:
+                if isinstance(call.op, tvm.ir.Op):
+                    return super().visit_call_(call)
+                return relax.PyExprMutator.visit_call_(self, call)
+
+        return _rewrite_functions(mod, _OpsOnly)
+
+
 def _rewrite_functions(mod: tvm.IRModule, rewriter_class: type) -> tvm.IRModule:
     rewriter = rewriter_class(mod)
     for gv, func in mod.functions_items():
@@ -291,6 +310,15 @@ _CONVOLUTIONS = {"relax.nn.conv1d": relax.op.nn.conv1d, "relax.nn.conv2d": relax
 
 _BROADCAST_BINARY = {f"relax.{op}" for op in (
     "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum")}
+_ELEMENTWISE_BINARY = _BROADCAST_BINARY | {f"relax.{op}" for op in (
+    "floor_mod", "mod", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+    "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")}
+
+
+def _is_size(expr: relax.Expr) -> bool:
+    """An integer the frontend read from a shape, held as a PrimValue (a symbolic size)."""
+    ty = getattr(expr, "ty", None)
+    return isinstance(ty, tvm.ir.PrimType) and str(ty.dtype) == "int64"
 
 
 @relax.expr_functor.mutator
@@ -325,6 +353,8 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
+        if name in _ELEMENTWISE_BINARY and any(_is_size(a) for a in call.args):
+            return self._tensor_operands(call)
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
             return emit(relax.op.minimum(emit(relax.op.maximum(x, _c(lo, dtype))), _c(hi, dtype)))
@@ -354,6 +384,18 @@ class _LayoutRewriter(relax.PyExprMutator):
             # float32 on the CPU by onnx_float16, become these)
             return x
         return call
+
+    def _tensor_operands(self, call: relax.Call) -> relax.Expr:
+        """A binary op with a size read from a shape (a PrimValue) as an operand, the size a 0-d
+        tensor of the other operand's type instead: TVM 0.27's ConvertLayout crashes (a
+        segfault) on a PrimValue operand (Keypoint R-CNN's `argmax % width`, the width a
+        heatmap's, resized at run time)."""
+        emit = self.builder_.normalize
+        tensors = [a for a in call.args if not _is_size(a)]
+        dtype = str(tensors[0].ty.dtype) if tensors else "int64"
+        args = [a if not _is_size(a) else emit(relax.op.astype(emit(relax.op.reshape(
+                emit(relax.op.shape_to_tensor(relax.ShapeExpr([a]))), ())), dtype)) for a in call.args]
+        return emit(relax.Call(call.op, args, call.attrs))
 
     def _full_rank_operands(self, call: relax.Call) -> relax.Expr:
         """A binary op whose operand of lower rank is computed at run time, reshaped to the other's
@@ -399,7 +441,10 @@ class _LayoutRewriter(relax.PyExprMutator):
         if (x.ty.ndim != 4 or w.ty.ndim != 4 or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW"
                 or str(a.out_layout or "NCHW") != "NCHW" or int(a.groups) != 1):
             return call
-        n, c, h, wd = (int(d) for d in x.ty.shape.values)
+        n, *rest = x.ty.shape.values  # n may be a run-time count (Keypoint R-CNN's detections)
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in [*rest, *w.ty.shape.values]):
+            return call
+        c, h, wd = (int(d) for d in rest)
         _, o, kh, kw = (int(d) for d in w.ty.shape.values)
         if ([int(v) for v in a.strides] != [kh, kw] or any(int(v) for v in a.padding)
                 or any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation)):
@@ -968,17 +1013,20 @@ def count_calls(mod: tvm.IRModule, *names: str) -> int:
     return len(found)
 
 
-def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tvm.IRModule:
+def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[tvm.IRModule, str]:
     """`transform`, a pass over dataflow blocks, applied to main; where main has several (the
     ops before and after a detector's If), to each block with convolutions as a function of its
     own, spliced back. TVM's ConvertLayout over the whole function refused SSDlite ("DataflowBlock
     Pass should not rewrite or delete any global-scope Var": the shapes after the If, sized at run
     time, came out of its re-normalisation as other expressions); a block's outputs, which the
-    other blocks read, are the variables it keeps."""
+    other blocks read, are the variables it keeps. A block the pass still fails on is kept as it
+    was (Keypoint R-CNN's head, over a run-time number of detections: its backbone ran
+    channels-first, 11 s instead of ~1): also returned, a note naming the blocks left."""
     main = mod["main"]
     blocks = list(main.body.blocks)
     if sum(isinstance(b, relax.DataflowBlock) for b in blocks) < 2:
-        return transform(mod)
+        return transform(mod), ""
+    failed: list[str] = []
     for k, block in enumerate(blocks):
         if not isinstance(block, relax.DataflowBlock) or not any(
                 isinstance(b.value, relax.Call) and getattr(b.value.op, "name", None) in _CONVOLUTIONS
@@ -989,11 +1037,17 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tvm.IRM
         params = list(relax.analysis.free_vars(body))
         piece = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"})
         piece["main"] = relax.Function(params, body, relax.TupleType([v.ty for v in outputs]))
-        blocks[k] = transform(piece)["main"].body.blocks[0]
+        try:
+            blocks[k] = transform(piece)["main"].body.blocks[0]
+        except Exception as err:  # noqa: BLE001 - TVM's pass: this block keeps its layout
+            from autofuse.importer import error_line
+
+            failed.append(f"block {k} ({error_line(err)[:100]})")
     body = relax.SeqExpr(blocks, main.body.body)
     out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"})
     out["main"] = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)
-    return out
+    note = f"channels-last layout not applied to {', '.join(failed)}: its convolutions stay channels-first"
+    return out, note if failed else ""
 
 
 @dataclass
@@ -1225,7 +1279,7 @@ def fuseops_plan(mod: tvm.IRModule, graph: OpGraph) -> FusionPlan:
             groups.append([_node_tag(fused[value.args[0]])])
         elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
             inner = fused[value.op]
-            if isinstance(inner, relax.Function):
+            if isinstance(inner, relax.Function) and inner.attrs is not None and "Primitive" in inner.attrs:
                 groups.append([_node_tag(fused[b.value.args[0]]) for b in _calls_in(inner)])
     found = {n for g in groups for n in g}
     groups.extend([n] for n in range(len(graph)) if n not in found)

@@ -388,6 +388,35 @@ def test_a_layout_pass_failure_keeps_the_model_channels_first(monkeypatch, tmp_p
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_block_the_layout_pass_fails_on_keeps_its_layout_and_the_others_change():
+    # Keypoint R-CNN: TVM's ConvertLayout refused the block of its keypoint head (over a run-time
+    # number of detections), and the whole model, backbone included, stayed channels-first
+    x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
+    w = relax.const(np.ones((4, 4, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            first = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=1))))
+        between = bb.emit(relax.op.add(first, first))  # outside any dataflow block, as an If is
+        with bb.dataflow():
+            second = bb.emit_output(relax.op.nn.conv2d(between, w, padding=1))
+        bb.emit_func_output(second)
+    mod = bb.get()
+    calls = []
+
+    def second_fails(piece: tvm.IRModule) -> tvm.IRModule:
+        calls.append(piece)
+        if len(calls) == 2:
+            raise tvm.error.InternalError("DataflowBlock Pass should not rewrite or delete any global-scope Var")
+        return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(piece)
+
+    out, note = tvm_bridge._block_by_block(mod, second_fails)
+    assert len(calls) == 2 and note.startswith("channels-last layout not applied to block 2 (DataflowBlock Pass")
+    layouts = [str(b.value.attrs.data_layout) for block in out["main"].body.blocks for b in block.bindings
+               if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"]
+    assert layouts == ["NHWC", "NCHW"]
+
+
 @pytest.mark.parametrize("indices, axis, sliced", [
     (3, 1, True), (-1, 2, True), ([2], 1, True), ([1, 3, 5], 2, True), ([-4, -3, -2], 1, True),
     ([0, 2, 1], 1, False), ([[0, 1]], 1, False), ([4, 4], 2, False)])

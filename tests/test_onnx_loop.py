@@ -93,15 +93,6 @@ def test_subgraphs_in_an_unrolled_body_read_their_own_iteration(tmp_path):
         np.testing.assert_allclose(g, r, rtol=1e-6)
 
 
-def test_a_loop_counted_at_run_time_is_named_as_unsupported(tmp_path):
-    model = loop_model(17, trips=None)
-    assert onnx_loop.unroll(model) == (model, 0)
-    path = tmp_path / "loop.onnx"
-    onnx.save(model, path)
-    with pytest.raises(ModelError, match=r"unsupported ONNX operator.*Loop"):
-        prepare(path, [onnx_input("x"), onnx_input("m")], simplify=False)
-
-
 def onnx_input(name: str):
     from autofuse.importer import InputSpec
 

@@ -81,3 +81,77 @@ def test_an_integer_image_is_rounded_back(tmp_path):
     want = run_onnxruntime(model, w.inputs, feeds)
     assert got[0].dtype == np.uint8
     assert np.abs(got[0].astype(int) - want[0].astype(int)).max() <= 1  # rounding of halves
+
+
+def run_time_resize_model(mode: str, coord: str = "half_pixel", conv: bool = False) -> onnx.ModelProto:
+    """Resizes whose sizes are known only at run time, as Keypoint R-CNN's head has them: the
+    rows of x with a positive sum (NonZero: how many is known at run time) upsampled 2x
+    ("rows"), and x resized to ceil(t) pixels, t an input ("sized"), then the column of each
+    row's largest value (ArgMax % width, the width a size read from the resized shape); the
+    picked rows upsampled by a 2x2 stride-2 transposed convolution ("upsampled"). With
+    `conv`, x first goes through a convolution: the layout change then runs (TVM's crashed on
+    a size as an operand)."""
+    inits = {"axes123": np.array([1, 2, 3], np.int64), "zero": np.array(0, np.float32),
+             "axis0": np.array([0], np.int64), "scales": np.array([1, 1, 2, 2], np.float32),
+             "nc": np.array([1, 2], np.int64), "one": np.array([1], np.int64), "three": np.array(3, np.int64),
+             "flat": np.array([1, -1], np.int64),
+             "w": np.linspace(-1, 1, 2 * 2 * 9, dtype=np.float32).reshape(2, 2, 3, 3),
+             "wt": np.linspace(-1, 2, 2 * 3 * 4, dtype=np.float32).reshape(2, 3, 2, 2)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["img"], pads=[1, 1, 1, 1]) if conv
+             else helper.make_node("Identity", ["x"], ["img"]),
+             helper.make_node("ReduceSum", ["img", "axes123"], ["sums"], keepdims=0),
+             helper.make_node("Greater", ["sums", "zero"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["nz"]),
+             helper.make_node("Squeeze", ["nz", "axis0"], ["kept"]),
+             helper.make_node("Gather", ["img", "kept"], ["picked"], axis=0),
+             helper.make_node("Resize", ["picked", "", "scales"], ["rows"], mode=mode,
+                              coordinate_transformation_mode=coord),
+             helper.make_node("Ceil", ["t"], ["up"]),
+             helper.make_node("Cast", ["up"], ["hw"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+             helper.make_node("Slice", ["img", "axis0", "one", "axis0"], ["first"]),
+             helper.make_node("Resize", ["first", "", "", "sizes"], ["sized"], mode=mode,
+                              coordinate_transformation_mode=coord),
+             helper.make_node("Shape", ["sized"], ["sized_shape"]),
+             helper.make_node("Gather", ["sized_shape", "three"], ["width"], axis=0),
+             helper.make_node("Reshape", ["sized", "flat"], ["sized_flat"]),
+             helper.make_node("ArgMax", ["sized_flat"], ["pos"], axis=1, keepdims=0),
+             helper.make_node("Mod", ["pos", "width"], ["column"]),
+             # a 2x2 stride-2 transposed convolution over the picked rows (a keypoint head's)
+             helper.make_node("ConvTranspose", ["picked", "wt"], ["upsampled"], strides=[2, 2], kernel_shape=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "run_time_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 5, 4]),
+         helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("sized", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("column", TensorProto.INT64, None),
+         helper.make_tensor_value_info("upsampled", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode,coord,conv", [("nearest", "asymmetric", False), ("linear", "half_pixel", False),
+                                             ("cubic", "half_pixel", True), ("linear", "align_corners", True)])
+def test_resizes_sized_at_run_time_match_onnxruntime(tmp_path, mode, coord, conv):
+    from autofuse import apply
+    from autofuse import build
+    from autofuse.workload import prepare
+
+    model = run_time_resize_model(mode, coord, conv)
+    onnx.save(model, tmp_path / "model.onnx")
+    w = prepare(tmp_path / "model.onnx", [], simplify=False)
+    target = build.make_target("llvm")
+    ex = build.build(apply.apply_plan(w.mod, w.graph, w.tvm_default()), target)
+    rng = np.random.default_rng(len(mode) + conv)
+    for kept, t in [(2, [7.2, 3.5]), (1, [3.0, 9.0]), (3, [1.5, 2.0])]:
+        signs = np.array([1.0] * kept + [-1.0] * (3 - kept), np.float32)  # `kept` rows sum above 0
+        rng.shuffle(signs)
+        x = (np.abs(rng.standard_normal((3, 2, 5, 4))) + 0.05).astype(np.float32) * signs[:, None, None, None]
+        feeds = [x, np.array(t, np.float32)]
+        got = build.run(ex, build.device_for(target), feeds)
+        want = run_onnxruntime(model, w.inputs, feeds)
+        assert got[1].shape == (1, 2, *np.ceil(t).astype(int))
+        for g, r in zip(got, want):
+            assert g.shape == r.shape
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
