@@ -219,8 +219,8 @@ def _run_time_resize(bb: relax.BlockBuilder, x: relax.Expr, sizes: relax.Expr, a
     detection's box): TVM's kernel, sized by symbolic variables. Given sizes make ONNX's scale
     out / in, TVM's own map, so TVM computes it exactly where it computes the constant case
     exactly (see `_tvm_exact`), except that a filter's width cannot follow a downsampling
-    (antialias) here. The batch and channel sizes given are checked against the input's at
-    run time."""
+    (antialias) here and an align_corners resize to one pixel is not told apart. The batch and
+    channel sizes given are checked against the input's at run time."""
     values = x.ty.shape.values if isinstance(getattr(x.ty, "shape", None), relax.ShapeExpr) else []
     mode = attr["coordinate_transformation_mode"]
     if len(values) != 4 or attr["axes"] or attr["antialias"] or attr["keep_aspect_ratio_policy"] != "stretch" \

@@ -353,7 +353,8 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
-        if name in _ELEMENTWISE_BINARY and any(_is_size(a) for a in call.args):
+        if name in _ELEMENTWISE_BINARY and any(_is_size(a) for a in call.args) \
+                and not all(_is_size(a) for a in call.args):  # sizes alone: arithmetic on sizes
             return self._tensor_operands(call)
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
@@ -391,8 +392,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         segfault) on a PrimValue operand (Keypoint R-CNN's `argmax % width`, the width a
         heatmap's, resized at run time)."""
         emit = self.builder_.normalize
-        tensors = [a for a in call.args if not _is_size(a)]
-        dtype = str(tensors[0].ty.dtype) if tensors else "int64"
+        dtype = str(next(a for a in call.args if not _is_size(a)).ty.dtype)
         args = [a if not _is_size(a) else emit(relax.op.astype(emit(relax.op.reshape(
                 emit(relax.op.shape_to_tensor(relax.ShapeExpr([a]))), ())), dtype)) for a in call.args]
         return emit(relax.Call(call.op, args, call.attrs))
