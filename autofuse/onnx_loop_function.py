@@ -42,7 +42,7 @@ NO_LIMIT = 2**63 - 1  # ONNX: a Loop without a trip count runs until its conditi
 
 
 class LoopError(ValueError):
-    pass
+    """A Loop these functions cannot express (the import then fails with its message)."""
 
 
 def _loop(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, opset: int) -> relax.Expr:

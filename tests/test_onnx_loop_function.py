@@ -82,7 +82,8 @@ def detections_model() -> onnx.ModelProto:
          helper.make_tensor_value_info("rows_next", F, ["n1", 3]),
          helper.make_tensor_value_info("total_next", F, [3]), helper.make_tensor_value_info("row_sum", F, [1])],
         [numpy_helper.from_array(np.array(2, np.float32), "two"),
-         numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([2], np.int64), "two_i")])
+         numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.array([2], np.int64), "two_i")])
     nodes = [
         helper.make_node("ReduceSum", ["x", "axis1"], ["sums"], keepdims=0),
         helper.make_node("Greater", ["sums", "zero"], ["positive"]),
