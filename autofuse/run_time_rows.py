@@ -138,15 +138,19 @@ def chunked_candidates(
     func: tirx.PrimFunc, static_candidates: Callable[[tirx.PrimFunc], Iterator[tirx.PrimFunc]]
 ) -> Iterator[tirx.PrimFunc]:
     """Schedules of `func` over its run-time rows, best first: for each schedule that
-    `static_candidates` makes of CHUNK_ROWS rows, that schedule looped over the rows (see the
-    module's docstring). Nothing when the kernel does not qualify."""
+    `static_candidates` makes of CHUNK_ROWS rows (fewer where n is never that many), that
+    schedule looped over the rows (see the module's docstring). Nothing when the kernel does not
+    qualify."""
     from autofuse.schedule import PACKED_ATTR
     from autofuse.schedule import SCHEDULED_ATTR
 
     rows = row_axes(func)
     if rows is None or relax.analysis.has_reshape_pattern(func) or not rows_independent(rows):
         return  # a reshape stays as it is: the VM makes it a view of its input, no kernel at all
-    chunk, small = _at_rows(rows, CHUNK_ROWS), _at_rows(rows, SMALL_ROWS)
+    # a chunk no larger than n can be: Keypoint R-CNN's head runs on min(20, detections) rows
+    big_rows = min(CHUNK_ROWS, rows.analyzer.const_int_bound(rows.n).max_value)
+    chunk = _at_rows(rows, big_rows)
+    small = _at_rows(rows, SMALL_ROWS) if big_rows > SMALL_ROWS else None
     small = next(static_candidates(small), None) if small is not None else None
     n = rows.n
     for big in static_candidates(chunk) if chunk is not None else ():
@@ -158,11 +162,11 @@ def chunked_candidates(
         # each use of a kernel's body gets variables of its own (s_tir.renew_defs): TIR defines
         # a buffer once
         if small is None or _packed(rows, small) != packed:  # big chunks alone, the last overlapping
-            looped, (count, last) = _looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows), (CHUNK_ROWS, big)
+            looped, (count, last) = _looped(big_rows, s_tir.renew_defs(big), params, rows), (big_rows, big)
         else:  # whole big chunks, then the rest in small ones (an overlapping big one recomputed up to 63 rows)
-            whole = tirx.floordiv(n, CHUNK_ROWS)
-            looped = tirx.SeqStmt([_looped(CHUNK_ROWS, s_tir.renew_defs(big), params, rows, chunks=whole),
-                                   _looped(SMALL_ROWS, s_tir.renew_defs(small), params, rows, whole * CHUNK_ROWS)])
+            whole = tirx.floordiv(n, big_rows)
+            looped = tirx.SeqStmt([_looped(big_rows, s_tir.renew_defs(big), params, rows, chunks=whole),
+                                   _looped(SMALL_ROWS, s_tir.renew_defs(small), params, rows, whole * big_rows)])
             count, last = SMALL_ROWS, small
         padded = _padded(count, s_tir.renew_defs(last), params, rows)  # fewer rows than the smallest chunk
         body = tirx.IfThenElse(n >= count, looped, tirx.IfThenElse(n > 0, padded, None))

@@ -999,18 +999,21 @@ def count_calls(mod: tvm.IRModule, *names: str) -> int:
     """How many calls of the Relax operators `names` the module's Relax functions hold; with no
     names, how many calls of anything (in a lowered module: the VM's instructions for one run,
     about, which build.compile_scheduled counts)."""
+    return sum(not names or isinstance(c.op, tvm.ir.Op) and c.op.name in names for c in _relax_calls(mod))
+
+
+def _relax_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    """Every call in the module's Relax functions, nested ones (an If's branches) too."""
     found = []
 
     def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and (
-            not names or isinstance(expr.op, tvm.ir.Op) and expr.op.name in names
-        ):
+        if isinstance(expr, relax.Call):
             found.append(expr)
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    return len(found)
+    return found
 
 
 def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[tvm.IRModule, str]:
@@ -1019,9 +1022,11 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
     own, spliced back. TVM's ConvertLayout over the whole function refused SSDlite ("DataflowBlock
     Pass should not rewrite or delete any global-scope Var": the shapes after the If, sized at run
     time, came out of its re-normalisation as other expressions); a block's outputs, which the
-    other blocks read, are the variables it keeps. A block the pass still fails on is kept as it
-    was (Keypoint R-CNN's head, over a run-time number of detections: its backbone ran
-    channels-first, 11 s instead of ~1): also returned, a note naming the blocks left."""
+    other blocks read, are the variables it keeps (where the pass re-infers their sizes as other
+    expressions, tried again with them cast: `_outputs_cast`). A block the pass still fails on is
+    kept as it was (before the cast, Keypoint R-CNN's head over a run-time number of detections:
+    80 of its 82 s a run in channels-first convolutions): also returned, a note naming the blocks
+    left."""
     main = mod["main"]
     blocks = list(main.body.blocks)
     if sum(isinstance(b, relax.DataflowBlock) for b in blocks) < 2:
@@ -1039,6 +1044,13 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
         piece["main"] = relax.Function(params, body, relax.TupleType([v.ty for v in outputs]))
         try:
             blocks[k] = transform(piece)["main"].body.blocks[0]
+            continue
+        except Exception:  # noqa: BLE001 - TVM's pass: tried again with its outputs cast
+            pass
+        piece["main"] = relax.Function(params, relax.SeqExpr([_outputs_cast(block)], body.body), piece["main"].ret_ty)
+        try:
+            converted = transform(piece)["main"]
+            blocks[k] = _ShapeReinference().visit_expr(converted).body.blocks[0]
         except Exception as err:  # noqa: BLE001 - TVM's pass: this block keeps its layout
             from autofuse.importer import error_line
 
@@ -1048,6 +1060,39 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
     out["main"] = relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs)
     note = f"channels-last layout not applied to {', '.join(failed)}: its convolutions stay channels-first"
     return out, note if failed else ""
+
+
+def _outputs_cast(block: relax.DataflowBlock) -> relax.DataflowBlock:
+    """`block` with each output `v = f(x)` computed as `v_value = f(x); v = match_cast(v_value)`.
+
+    ConvertLayout re-infers every rewritten call's shape, and where that gives another expression
+    for a size (Keypoint R-CNN's detections: `min(20, n)` sliced again came out as
+    `min(20, n) - min(0, n)`), the output variable, which later blocks read, is replaced: TVM's
+    pass refuses that. Cast to its own type, the variable keeps its identity whatever its value
+    is re-inferred as (checked at run time), and reading it restores its layout."""
+    bindings = []
+    for b in block.bindings:
+        if isinstance(b.var, relax.DataflowVar) or not isinstance(b, relax.VarBinding):
+            bindings.append(b)
+            continue
+        value = relax.DataflowVar(f"{b.var.name}_value", b.var.ty)
+        bindings += [relax.VarBinding(value, b.value), relax.MatchCast(b.var, value, b.var.ty)]
+    return relax.DataflowBlock(bindings)
+
+
+@relax.expr_functor.mutator
+class _ShapeReinference(relax.PyExprMutator):
+    """Every operator call's shape inferred again, inside its function: where sizes are known to
+    be non-negative. A dataflow-block pass (ConvertLayout) infers without that knowledge
+    (`min(20, n) - min(0, n)` for the first 20 rows of n), and an operator reading that beside
+    `min(20, n)` is not lowered (LegalizeOps cannot prove the two equal: the VM refused a
+    concat)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
+            return relax.Call(call.op, call.args, call.attrs, call.ty_args)
+        return call
 
 
 @dataclass
@@ -1135,13 +1180,12 @@ def _flops(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, cache: dict[str, float]) -> 
 
 
 def unlowered_ops(mod: tvm.IRModule) -> list[str]:
-    """Operators of main that LegalizeOps was meant to lower but left as they are (TVM has no
-    kernel for that variant: conv2d_transpose in NHWC, say); the VM cannot run them, so every
-    plan would fail to build. Named with their layout, where they have one."""
+    """Operators that LegalizeOps was meant to lower but left as they are (TVM has no kernel for
+    that variant: conv2d_transpose in NHWC, say), in any block of any function; the VM cannot run
+    them, so every plan would fail to build. Named with their layout, where they have one."""
     out = []
-    for b in main_block(mod).bindings:
-        v = b.value
-        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.get_attr("FLegalize") is not None:
+    for v in _relax_calls(mod):
+        if isinstance(v.op, tvm.ir.Op) and v.op.get_attr("FLegalize") is not None:
             layout = getattr(v.attrs, "data_layout", None) if v.attrs is not None else None
             out.append(f"{v.op.name}" + (f" ({layout})" if layout else ""))
     return sorted(set(out))
