@@ -1,25 +1,37 @@
-"""TVM's plan of a model built once, run twice on one random input (wall time of each run), and
-each output compared with onnxruntime's on the same input (shape, max abs difference).
+"""TVM's plan of a model built once, run twice on one random input (wall time of each run), each
+output compared with onnxruntime's on the same input (shape, max abs difference), then both timed
+on that input: onnxruntime first, then TVM's plan, each `--repeat` samples after warm-up calls
+(median and interquartile spread / median).
 
-For models too slow for `zoo_check.py --one`'s timed rounds (Keypoint R-CNN with detections):
+For models too slow for `zoo_check.py --one`, whose reference (the unfused model as plain loop
+nests) takes longer than its worker may (Keypoint R-CNN with detections):
 
-    TVM_NUM_THREADS=2 python scripts/plan_vs_onnxruntime.py MODEL.onnx
+    TVM_NUM_THREADS=2 python scripts/plan_vs_onnxruntime.py MODEL.onnx [--repeat 5]
 """
 
-import sys
+import argparse
 import time
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from autofuse import apply
 from autofuse import build
+from autofuse.baselines import median_and_spread
+from autofuse.baselines import onnxruntime_runner
+from autofuse.baselines import time_callable
 from autofuse.importer import random_inputs
 from autofuse.importer import run_onnxruntime
 from autofuse.workload import prepare
 
 
-def main(path: str) -> None:
-    w = prepare(path, [])
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--repeat", type=int, default=5, help="timed samples of each runtime (0: outputs only)")
+    args = ap.parse_args()
+    w = prepare(args.model, [])
     target = build.make_target("llvm")
     t0 = time.time()
     ex = build.build(apply.apply_plan(w.mod, w.graph, w.tvm_default()), target)
@@ -33,7 +45,18 @@ def main(path: str) -> None:
     for g, r in zip(got, want):
         diff = float(np.abs(g.astype("float64") - r).max()) if g.shape == r.shape and g.size else "-"
         print(g.shape, r.shape, diff)
+    if args.repeat <= 0:
+        return
+    device = build.device_for(target)
+    vm = relax.VirtualMachine(ex, device)
+    tensors = [tvm.runtime.tensor(x, device) for x in feeds]
+    ort = time_callable(onnxruntime_runner(w.loaded.onnx_model, w.inputs, feeds), args.repeat)
+    time.sleep(1)  # onnxruntime's threads settle before TVM's run
+    tvm_s = time_callable(lambda: vm["main"](*tensors), args.repeat)
+    (ort_med, ort_spread), (tvm_med, tvm_spread) = median_and_spread(ort), median_and_spread(tvm_s)
+    print(f"onnxruntime {ort_med:.4f} s (spread {ort_spread or 0:.1%}), TVM's plan {tvm_med:.4f} s "
+          f"(spread {tvm_spread or 0:.1%}): onnxruntime / TVM's plan {ort_med / tvm_med:.2f}x")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
