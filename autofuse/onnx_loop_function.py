@@ -80,11 +80,11 @@ def _loop(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, opset:
 
 def _as_tensor(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
     """`x` as a tensor: the frontend hands sizes read from shapes over as shapes or scalars."""
+    from autofuse.onnx_sizes import is_size
     from autofuse.onnx_sizes import shape_tensor
+    from autofuse.onnx_sizes import size_tensor
 
-    if isinstance(x.ty, tvm.ir.PrimType):  # a scalar
-        x = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([x])), ())
-    x = bb.normalize(shape_tensor(x))
+    x = bb.normalize(size_tensor(x) if is_size(x) else shape_tensor(x))
     if not isinstance(x.ty, relax.TensorType) or x.ty.ndim < 0:
         raise LoopError(f"a value a Loop reads is a {type(x.ty).__name__} of no known rank, not a tensor")
     return x

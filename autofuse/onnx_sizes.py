@@ -16,6 +16,7 @@ only as a constant. Here:
 from __future__ import annotations
 
 import onnx
+import tvm
 from onnx import helper
 from tvm import relax
 from tvm import tirx
@@ -84,6 +85,37 @@ def shapes_as_tensors(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def shape_tensor(x: relax.Expr) -> relax.Expr:
     """A marker Cast's result: a shape as the int64 tensor of its values, anything else as it is."""
     return relax.op.shape_to_tensor(x) if isinstance(x.ty, relax.ShapeType) else x
+
+
+def is_size(x: relax.Expr | None) -> bool:
+    """A scalar the frontend read from a shape: a PrimValue (Gather of a shape at one index)."""
+    return isinstance(getattr(x, "ty", None), tvm.ir.PrimType)
+
+
+def size_tensor(x: relax.Expr) -> relax.Expr:
+    """A size (is_size) as the 0-d int64 tensor ONNX has it as."""
+    return relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([x])), ())
+
+
+def _sizes_beside_tensors(op: str) -> type:
+    """`op` (elementwise arithmetic) with a size beside a tensor taking it as a 0-d tensor of the
+    tensor's type. The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
+    ceil(h / 32) * 32 - h with h a resized image's height, came out [1] where ONNX has a scalar,
+    and a Concat of such values unsqueezed failed ("Concat expects all input tensors to have same
+    ndim"). Sizes alone stay arithmetic on sizes (shapes stay static where they can)."""
+    cls = stock(op)
+
+    def with_tensors(impl):
+        def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+            tensors = [x for x in inputs if isinstance(getattr(x, "ty", None), relax.TensorType)]
+            if tensors and any(is_size(x) for x in inputs):
+                dtype = str(tensors[0].ty.dtype)
+                inputs = [bb.normalize(relax.op.astype(size_tensor(x), dtype)) if is_size(x) else x for x in inputs]
+            return impl(bb, inputs, attr, params)
+        return convert
+
+    versions = sorted(int(name[len("_impl_v"):]) for name in dir(cls) if name.startswith("_impl_v"))
+    return converter(op, {v: with_tensors(getattr(cls, f"_impl_v{v}")) for v in versions})
 
 
 def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -159,4 +191,5 @@ CONVERTERS: dict[str, type] = {
     "TopK": converter("TopK", {1: lambda bb, i, a, p: stock("TopK")._impl_v1(bb, i, a, p), 11: _top_k}),
     "Identity": converter("Identity", {1: _identity}),
     "Slice": converter("Slice", {13: _slice}),
+    **{op: _sizes_beside_tensors(op) for op in ("Add", "Sub", "Mul", "Div", "Mod")},
 }

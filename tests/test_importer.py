@@ -126,6 +126,40 @@ def test_onnxslim_checked_against_onnxruntime(model_dir):
     assert any("onnxslim" in n and "max abs diff" in n for n in loaded.notes)
 
 
+@pytest.mark.parametrize("broken_by", ["dead_node_elimination", "everything"])
+def test_onnxslim_that_changes_the_outputs_is_tried_without_its_dead_node_elimination(
+        model_dir, monkeypatch, broken_by):
+    # onnxslim 0.1.98's dead-node elimination broke Mask R-CNN's masks output (inside its Loop,
+    # [1, 1, h, w] for [20, 1, h, w]); the fault is emulated here on the real onnxslim's result,
+    # with the first output's values scaled, whenever the step named `broken_by` runs
+    import onnxslim
+    from onnx import numpy_helper
+
+    real = onnxslim.slim
+
+    def faulty(model, *args, skip_optimizations=None, **kwargs):
+        slim = real(model, *args, skip_optimizations=skip_optimizations, **kwargs)
+        if broken_by == "everything" or broken_by not in (skip_optimizations or []):
+            scale = numpy_helper.from_array(np.array(3.0, "float32"), "faulty_scale")
+            out = slim.graph.output[0].name
+            for node in slim.graph.node:
+                node.output[:] = [f"{o}_faulty" if o == out else o for o in node.output]
+                node.input[:] = [f"{i}_faulty" if i == out else i for i in node.input]
+            slim.graph.initializer.append(scale)
+            slim.graph.node.append(onnx.helper.make_node("Mul", [f"{out}_faulty", "faulty_scale"], [out]))
+        return slim
+
+    monkeypatch.setattr(onnxslim, "slim", faulty)
+    loaded = load_model(model_dir / "transformer_block.onnx")
+    notes = " | ".join(loaded.notes)
+    assert "onnxslim changed the outputs" in notes
+    if broken_by == "dead_node_elimination":
+        assert "onnxslim without its dead_node_elimination:" in notes and "max abs diff" in notes
+    else:
+        assert "onnxslim without its dead_node_elimination changed the outputs" in notes
+        assert "using the model as exported" in notes
+
+
 
 def test_irmodule_given_directly(small):
     w = prepare(small.loaded.mod)

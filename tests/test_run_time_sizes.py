@@ -303,3 +303,26 @@ def test_a_run_time_k_is_bounded_only_by_a_modest_constant():
     assert _largest(tirx.min(tirx.IntImm("int64", 1000), n)) == 1000
     assert _largest(n) is None
     assert _largest(tirx.min(tirx.IntImm("int64", MAX_TOP_K + 1), n)) is None
+
+
+@pytest.mark.parametrize("op", ["Sub", "Add", "Mul", "Div", "Mod"])
+def test_arithmetic_of_a_size_and_a_scalar_tensor_keeps_the_scalar_rank(tmp_path, op):
+    # Mask R-CNN's image padding, ceil(h / 32) * 32 - h with h read from a shape: TVM's converters
+    # made the size a [1] tensor, the result [1] where ONNX has a scalar, and the Concat of such
+    # values unsqueezed failed to import ("Concat expects all input tensors to have same ndim")
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+             helper.make_node("Cast", ["m"], ["mi"], to=TensorProto.INT64),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["h"], axis=0),
+             helper.make_node(op, ["mi", "h"], ["d"]),
+             helper.make_node("Unsqueeze", ["d", "zero"], ["u"]),
+             helper.make_node("Concat", ["seven", "u"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+                              [numpy_helper.from_array(np.array(1, "int64"), "one"),
+                               numpy_helper.from_array(np.array([0], "int64"), "zero"),
+                               numpy_helper.from_array(np.array([7], "int64"), "seven")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([[3, 9, 1, 4, 2], [8, 0, 6, 5, 7]], "float32")
+    _, got = check_against_onnxruntime(model, tmp_path, feeds=[x])
+    assert got[0].shape == (2,)
