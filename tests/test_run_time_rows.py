@@ -27,11 +27,12 @@ from autofuse.schedule import static_buffers
 ROWS = (0, 3, 8, 13, run_time_rows.CHUNK_ROWS, 67, 100, 128, 150)
 
 
-def _fused(make: object, width: int, dtype: str = "float32") -> tvm.IRModule:
-    """A module whose main maps x: [n, width] to make(bb, x), legalized and fused as TVM does."""
+def _fused(make: object, width: int | tuple[int, ...], dtype: str = "float32") -> tvm.IRModule:
+    """A module whose main maps x: [n, width] (or [n, *width]) to make(bb, x), legalized and
+    fused as TVM does."""
     n = tirx.Var("n", "int64")
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, width], dtype))
+    x = relax.Var("x", relax.TensorType([n, *width] if isinstance(width, tuple) else [n, width], dtype))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(make(bb, x))
@@ -146,18 +147,13 @@ def test_a_convolution_over_at_most_20_run_time_images_is_chunked_by_20_and_8():
     64 images never fit n; as plain loops the head took 80 s of the model's 82."""
     rng = np.random.default_rng(2)
     w = rng.standard_normal((3, 3, 8, 16)).astype("float32")
-    n = tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, 6, 6, 8], "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            first = bb.emit(relax.op.strided_slice(x, axes=[0], begin=[0], end=[20]))
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(
-                first, relax.const(w), padding=1, data_layout="NHWC", kernel_layout="HWIO")))
-        bb.emit_func_output(out)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
-              relax.transform.FuseTIR()]
-    ex, compiled = _compiled(tvm.transform.Sequential(passes)(bb.get()))
+
+    def head(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+        first = bb.emit(relax.op.strided_slice(x, axes=[0], begin=[0], end=[20]))
+        return relax.op.nn.relu(relax.op.nn.conv2d(first, relax.const(w), padding=1, data_layout="NHWC",
+                                                   kernel_layout="HWIO"))
+
+    ex, compiled = _compiled(_fused(head, (6, 6, 8)))
     (kernel,) = (f for f in _kernels(compiled).values() if not static_buffers(f) and "conv" in f.script())
     text = kernel.script()
     assert "chunk" in text and "T.parallel" in text
