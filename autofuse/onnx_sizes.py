@@ -147,6 +147,15 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         if all(b == 0 and (e >= 2**62 or isinstance(dims[a], tirx.IntImm) and e >= int(dims[a]))
                for a, b, e in zip(axes, starts, ends)):
             return data
+    if dims is not None and starts is not None and ends is None and (steps is None or set(steps) == {1}):
+        # an end computed from run-time sizes (torchvision's split of the boxes per image):
+        # sliced by the sizes' expression, its length then known as one
+        from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
+
+        until = shape_values(bb, inputs[2])
+        if until is not None and len(until) == len(starts):
+            axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
+            return relax.op.strided_slice(data, axes, starts, until)
     return stock("Slice")._impl_v13(bb, inputs, attr, params)
 
 

@@ -326,3 +326,29 @@ def test_arithmetic_of_a_size_and_a_scalar_tensor_keeps_the_scalar_rank(tmp_path
     x = np.array([[3, 9, 1, 4, 2], [8, 0, 6, 5, 7]], "float32")
     _, got = check_against_onnxruntime(model, tmp_path, feeds=[x])
     assert got[0].shape == (2,)
+
+
+def test_a_slice_ending_at_a_run_time_count_is_sized_by_it(tmp_path):
+    # torchvision's split of the boxes per image: rows [0, count) of the scores, the count read
+    # from the shape of the kept boxes (a run-time size); TVM's Slice left its length unknown
+    # and the Reshape after it failed to import (Mask R-CNN's box head)
+    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
+             helper.make_node("NonZero", ["over"], ["where"]),
+             helper.make_node("Shape", ["where"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
+             helper.make_node("Unsqueeze", ["count", "zero"], ["counted"]),
+             helper.make_node("Add", ["zero", "counted"], ["end"]),  # after the rows of earlier images
+             helper.make_node("Slice", ["scores", "zero", "end", "zero"], ["kept"]),
+             helper.make_node("Reshape", ["kept", "flat"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
+                               numpy_helper.from_array(np.array(1, "int64"), "one"),
+                               numpy_helper.from_array(np.array([0], "int64"), "zero"),
+                               numpy_helper.from_array(np.array([-1], "int64"), "flat")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    scores = np.arange(18, dtype="float32").reshape(6, 3)
+    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
+        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32"), scores])
+        assert got[0].shape == (3 * sum(v > 0.5 for v in x),)
