@@ -23,6 +23,7 @@ from tvm import tirx
 
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import const_ints
+from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import stock
@@ -159,6 +160,24 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
     return stock("Slice")._impl_v13(bb, inputs, attr, params)
 
 
+def _range(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Range; integers up to a limit computed from run-time sizes are an arange sized by the
+    sizes' expression. TVM's converter names its length a fresh variable, which nothing equates
+    with the sizes (Mask R-CNN's `arange(detections) * 91 + labels`: an Add of two lengths TVM
+    cannot prove equal, of unknown shape, and the import failed)."""
+    from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
+
+    start, limit, delta = inputs[:3]
+    first, step = const_int(start), const_int(delta)
+    dtype = str(getattr(getattr(start, "ty", None), "dtype", ""))
+    if first is not None and step and dtype.startswith(("int", "uint")) and not is_const(limit):
+        # a size as the frontend hands it: a PrimValue (its expression in .value) or the expression
+        until = [getattr(limit, "value", limit)] if is_size(limit) else shape_values(bb, limit)
+        if until is not None and len(until) == 1:
+            return relax.op.arange(first, until[0], step, dtype)
+    return stock("Range")._impl_v12(bb, inputs, attr, params)
+
+
 def _top_k(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """TopK; a k computed from run-time sizes takes the best of its largest value where it has
     one (torchvision's min(1000, candidates)), the whole axis sorted where not, and keeps the
@@ -200,5 +219,6 @@ CONVERTERS: dict[str, type] = {
     "TopK": converter("TopK", {1: lambda bb, i, a, p: stock("TopK")._impl_v1(bb, i, a, p), 11: _top_k}),
     "Identity": converter("Identity", {1: _identity}),
     "Slice": converter("Slice", {13: _slice}),
+    "Range": converter("Range", {11: _range}),
     **{op: _sizes_beside_tensors(op) for op in ("Add", "Sub", "Mul", "Div", "Mod")},
 }

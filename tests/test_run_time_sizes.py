@@ -352,3 +352,30 @@ def test_a_slice_ending_at_a_run_time_count_is_sized_by_it(tmp_path):
     for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
         _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32"), scores])
         assert got[0].shape == (3 * sum(v > 0.5 for v in x),)
+
+
+def test_a_range_up_to_a_run_time_count_has_the_count_as_its_length(tmp_path):
+    # Mask R-CNN picks each detection's mask by label: arange(detections) * 91 + labels. TVM's
+    # Range named its length a fresh variable, the Add of it with the labels had no known shape
+    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
+             helper.make_node("NonZero", ["over"], ["where"]),
+             helper.make_node("Shape", ["where"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
+             helper.make_node("Range", ["zero", "count", "one"], ["rows"]),
+             helper.make_node("Mul", ["rows", "three"], ["first"]),
+             helper.make_node("Squeeze", ["where", "zero1"], ["picked"]),
+             helper.make_node("Add", ["first", "picked"], ["index"]),
+             helper.make_node("Unsqueeze", ["index", "zero1"], ["column"]),
+             helper.make_node("Shape", ["column"], ["size"]),
+             helper.make_node("Reshape", ["column", "size"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
+                               numpy_helper.from_array(np.array(0, "int64"), "zero"),
+                               numpy_helper.from_array(np.array(1, "int64"), "one"),
+                               numpy_helper.from_array(np.array(3, "int64"), "three"),
+                               numpy_helper.from_array(np.array([0], "int64"), "zero1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
+        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32")])
+        assert got[0].shape == (1, sum(v > 0.5 for v in x))
