@@ -89,8 +89,10 @@ def shape_tensor(x: relax.Expr) -> relax.Expr:
 
 
 def is_size(x: relax.Expr | None) -> bool:
-    """A scalar the frontend read from a shape: a PrimValue (Gather of a shape at one index)."""
-    return isinstance(getattr(x, "ty", None), tvm.ir.PrimType)
+    """A scalar the frontend read from a shape: an int64 PrimValue (Gather of a shape at one
+    index) or expression. (It folds float scalars computed from sizes into float immediates.)"""
+    ty = getattr(x, "ty", None)
+    return isinstance(ty, tvm.ir.PrimType) and str(ty.dtype) == "int64"
 
 
 def size_tensor(x: relax.Expr) -> relax.Expr:
@@ -160,6 +162,23 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
     return stock("Slice")._impl_v13(bb, inputs, attr, params)
 
 
+def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Concat; a shape beside integer tensors computed from shapes is the shape of their values
+    (Mask R-CNN's masks reshaped to [detections, 1, 28, 28]: TVM's converter takes shapes or
+    tensors, not both, and refused the mix). Where a value cannot be read as such, the shapes
+    are made tensors: a tensor, as ONNX has it."""
+    from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
+
+    shapes = [isinstance(getattr(x, "ty", None), relax.ShapeType) for x in inputs]
+    if not any(shapes) or all(shapes):
+        return stock("Concat")._impl_v13(bb, inputs, attr, params)
+    parts = [list(x.ty.values) if shape and x.ty.values is not None else None if shape else shape_values(bb, x)
+             for x, shape in zip(inputs, shapes)]
+    if all(p is not None for p in parts):
+        return relax.ShapeExpr([v for p in parts for v in p])
+    return relax.op.concat([bb.normalize(shape_tensor(x)) for x in inputs], int(attr.get("axis", 0)))
+
+
 def _range(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """Range; integers up to a limit computed from run-time sizes are an arange sized by the
     sizes' expression. TVM's converter names its length a fresh variable, which nothing equates
@@ -220,5 +239,6 @@ CONVERTERS: dict[str, type] = {
     "Identity": converter("Identity", {1: _identity}),
     "Slice": converter("Slice", {13: _slice}),
     "Range": converter("Range", {11: _range}),
+    "Concat": converter("Concat", {13: _concat}),  # the stock one's only version
     **{op: _sizes_beside_tensors(op) for op in ("Add", "Sub", "Mul", "Div", "Mod")},
 }

@@ -379,3 +379,34 @@ def test_a_range_up_to_a_run_time_count_has_the_count_as_its_length(tmp_path):
     for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
         _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32")])
         assert got[0].shape == (1, sum(v > 0.5 for v in x))
+
+
+def test_a_shape_concatenated_with_sizes_gathered_from_a_shape_is_a_shape(tmp_path):
+    # Mask R-CNN reshapes its masks to [detections, ...] from Concat(Shape(x)[:1], Shape(y)[[1]]):
+    # TVM's Concat took shapes or tensors, not both, and refused the mix
+    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
+             helper.make_node("NonZero", ["over"], ["where"]),
+             helper.make_node("Shape", ["where"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
+             helper.make_node("Unsqueeze", ["count", "zero"], ["end"]),
+             helper.make_node("Slice", ["scores", "zero", "end", "zero"], ["kept"]),
+             helper.make_node("Shape", ["kept"], ["kept_shape"]),
+             helper.make_node("Slice", ["kept_shape", "zero", "one1"], ["rows"]),
+             helper.make_node("Shape", ["scores"], ["score_shape"]),
+             helper.make_node("Gather", ["score_shape", "one1"], ["width"], axis=0),
+             helper.make_node("Concat", ["rows", "width"], ["target"], axis=0),
+             helper.make_node("Reshape", ["kept", "flat"], ["flattened"]),
+             helper.make_node("Reshape", ["flattened", "target"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
+                               numpy_helper.from_array(np.array(1, "int64"), "one"),
+                               numpy_helper.from_array(np.array([1], "int64"), "one1"),
+                               numpy_helper.from_array(np.array([0], "int64"), "zero"),
+                               numpy_helper.from_array(np.array([-1], "int64"), "flat")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    scores = np.arange(18, dtype="float32").reshape(6, 3)
+    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.9] * 6):
+        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32"), scores])
+        assert got[0].shape == (sum(v > 0.5 for v in x), 3)
