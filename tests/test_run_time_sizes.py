@@ -8,6 +8,8 @@ rest of the model (the backbone, nearly all of the time) is planned and schedule
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 import pytest
@@ -328,85 +330,75 @@ def test_arithmetic_of_a_size_and_a_scalar_tensor_keeps_the_scalar_rank(tmp_path
     assert got[0].shape == (2,)
 
 
+# values of x over 0.5: three of them, none, all (the count NonZero gives, a run-time size)
+COUNTS = ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6)
+SCORES = np.arange(18, dtype="float32").reshape(6, 3)
+
+
+def _over_half(nodes: list, out_type: int, scores: bool = True) -> onnx.ModelProto:
+    """A model computing `count` and `where` (the number and the indices of x's values over 0.5)
+    then `nodes`, whose `y` is its output; with a second input `scores` [6, 3] if asked. Constants:
+    i0, i1, three (scalars), v0, v1, flat ([0], [1], [-1])."""
+    counting = [helper.make_node("Greater", ["x", "half"], ["over"]),
+                helper.make_node("NonZero", ["over"], ["where"]),
+                helper.make_node("Shape", ["where"], ["shape"]),
+                helper.make_node("Gather", ["shape", "i1"], ["count"], axis=0)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])]
+    if scores:
+        inputs.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3]))
+    constants = {"half": np.array(0.5, "float32"), "i0": np.array(0, "int64"), "i1": np.array(1, "int64"),
+                 "three": np.array(3, "int64"), "v0": np.array([0], "int64"), "v1": np.array([1], "int64"),
+                 "flat": np.array([-1], "int64")}
+    graph = helper.make_graph(counting + nodes, "g", inputs, [helper.make_tensor_value_info("y", out_type, None)],
+                              [numpy_helper.from_array(v, k) for k, v in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _counted(model: onnx.ModelProto, tmp_path, scores: bool = True) -> Iterator[tuple[int, np.ndarray]]:
+    """(count, TVM's output) for each of COUNTS, the output checked against onnxruntime's."""
+    for x in COUNTS:
+        feeds = [np.array(x, "float32")] + ([SCORES] if scores else [])
+        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=feeds)
+        yield sum(v > 0.5 for v in x), got[0]
+
+
 def test_a_slice_ending_at_a_run_time_count_is_sized_by_it(tmp_path):
     # torchvision's split of the boxes per image: rows [0, count) of the scores, the count read
     # from the shape of the kept boxes (a run-time size); TVM's Slice left its length unknown
     # and the Reshape after it failed to import (Mask R-CNN's box head)
-    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
-             helper.make_node("NonZero", ["over"], ["where"]),
-             helper.make_node("Shape", ["where"], ["shape"]),
-             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
-             helper.make_node("Unsqueeze", ["count", "zero"], ["counted"]),
-             helper.make_node("Add", ["zero", "counted"], ["end"]),  # after the rows of earlier images
-             helper.make_node("Slice", ["scores", "zero", "end", "zero"], ["kept"]),
-             helper.make_node("Reshape", ["kept", "flat"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
-                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
-                               numpy_helper.from_array(np.array(1, "int64"), "one"),
-                               numpy_helper.from_array(np.array([0], "int64"), "zero"),
-                               numpy_helper.from_array(np.array([-1], "int64"), "flat")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    scores = np.arange(18, dtype="float32").reshape(6, 3)
-    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
-        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32"), scores])
-        assert got[0].shape == (3 * sum(v > 0.5 for v in x),)
+    model = _over_half([helper.make_node("Unsqueeze", ["count", "v0"], ["counted"]),
+                        helper.make_node("Add", ["v0", "counted"], ["end"]),  # after the rows of earlier images
+                        helper.make_node("Slice", ["scores", "v0", "end", "v0"], ["kept"]),
+                        helper.make_node("Reshape", ["kept", "flat"], ["y"])], TensorProto.FLOAT)
+    for count, y in _counted(model, tmp_path):
+        assert y.shape == (3 * count,)
 
 
 def test_a_range_up_to_a_run_time_count_has_the_count_as_its_length(tmp_path):
     # Mask R-CNN picks each detection's mask by label: arange(detections) * 91 + labels. TVM's
     # Range named its length a fresh variable, the Add of it with the labels had no known shape
-    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
-             helper.make_node("NonZero", ["over"], ["where"]),
-             helper.make_node("Shape", ["where"], ["shape"]),
-             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
-             helper.make_node("Range", ["zero", "count", "one"], ["rows"]),
-             helper.make_node("Mul", ["rows", "three"], ["first"]),
-             helper.make_node("Squeeze", ["where", "zero1"], ["picked"]),
-             helper.make_node("Add", ["first", "picked"], ["index"]),
-             helper.make_node("Unsqueeze", ["index", "zero1"], ["column"]),
-             helper.make_node("Shape", ["column"], ["size"]),
-             helper.make_node("Reshape", ["column", "size"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
-                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
-                               numpy_helper.from_array(np.array(0, "int64"), "zero"),
-                               numpy_helper.from_array(np.array(1, "int64"), "one"),
-                               numpy_helper.from_array(np.array(3, "int64"), "three"),
-                               numpy_helper.from_array(np.array([0], "int64"), "zero1")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6):
-        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32")])
-        assert got[0].shape == (1, sum(v > 0.5 for v in x))
+    model = _over_half([helper.make_node("Range", ["i0", "count", "i1"], ["rows"]),
+                        helper.make_node("Mul", ["rows", "three"], ["first"]),
+                        helper.make_node("Squeeze", ["where", "v0"], ["picked"]),
+                        helper.make_node("Add", ["first", "picked"], ["index"]),
+                        helper.make_node("Unsqueeze", ["index", "v0"], ["column"]),
+                        helper.make_node("Shape", ["column"], ["size"]),
+                        helper.make_node("Reshape", ["column", "size"], ["y"])], TensorProto.INT64, scores=False)
+    for count, y in _counted(model, tmp_path, scores=False):
+        assert y.shape == (1, count)
 
 
 def test_a_shape_concatenated_with_sizes_gathered_from_a_shape_is_a_shape(tmp_path):
     # Mask R-CNN reshapes its masks to [detections, ...] from Concat(Shape(x)[:1], Shape(y)[[1]]):
     # TVM's Concat took shapes or tensors, not both, and refused the mix
-    nodes = [helper.make_node("Greater", ["x", "half"], ["over"]),
-             helper.make_node("NonZero", ["over"], ["where"]),
-             helper.make_node("Shape", ["where"], ["shape"]),
-             helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
-             helper.make_node("Unsqueeze", ["count", "zero"], ["end"]),
-             helper.make_node("Slice", ["scores", "zero", "end", "zero"], ["kept"]),
-             helper.make_node("Shape", ["kept"], ["kept_shape"]),
-             helper.make_node("Slice", ["kept_shape", "zero", "one1"], ["rows"]),
-             helper.make_node("Shape", ["scores"], ["score_shape"]),
-             helper.make_node("Gather", ["score_shape", "one1"], ["width"], axis=0),
-             helper.make_node("Concat", ["rows", "width"], ["target"], axis=0),
-             helper.make_node("Reshape", ["kept", "flat"], ["flattened"]),
-             helper.make_node("Reshape", ["flattened", "target"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
-                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.array(0.5, "float32"), "half"),
-                               numpy_helper.from_array(np.array(1, "int64"), "one"),
-                               numpy_helper.from_array(np.array([1], "int64"), "one1"),
-                               numpy_helper.from_array(np.array([0], "int64"), "zero"),
-                               numpy_helper.from_array(np.array([-1], "int64"), "flat")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    scores = np.arange(18, dtype="float32").reshape(6, 3)
-    for x in ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.9] * 6):
-        _, got = check_against_onnxruntime(model, tmp_path / str(sum(x)), feeds=[np.array(x, "float32"), scores])
-        assert got[0].shape == (sum(v > 0.5 for v in x), 3)
+    model = _over_half([helper.make_node("Unsqueeze", ["count", "v0"], ["end"]),
+                        helper.make_node("Slice", ["scores", "v0", "end", "v0"], ["kept"]),
+                        helper.make_node("Shape", ["kept"], ["kept_shape"]),
+                        helper.make_node("Slice", ["kept_shape", "v0", "v1"], ["rows"]),
+                        helper.make_node("Shape", ["scores"], ["score_shape"]),
+                        helper.make_node("Gather", ["score_shape", "v1"], ["width"], axis=0),
+                        helper.make_node("Concat", ["rows", "width"], ["target"], axis=0),
+                        helper.make_node("Reshape", ["kept", "flat"], ["flattened"]),
+                        helper.make_node("Reshape", ["flattened", "target"], ["y"])], TensorProto.FLOAT)
+    for count, y in _counted(model, tmp_path):
+        assert y.shape == (count, 3)
