@@ -56,10 +56,24 @@ def const_ints(expr: relax.Expr | None) -> list[int] | None:
 
 def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     """The expression's shape, or None where its rank or a dimension is unknown."""
+    return static_dims(expr.ty)
+
+
+def static_dims(ty: object) -> tuple[int, ...] | None:
+    """A tensor type's shape, or None where its rank or a dimension is unknown (or it is no
+    tensor type)."""
     try:
-        return tuple(int(v) for v in expr.ty.shape.values)
+        return tuple(int(v) for v in ty.shape.values)
     except (AttributeError, TypeError):  # unknown rank or a symbolic dimension
         return None
+
+
+def static_values(expr: relax.Expr | None) -> list[int] | None:
+    """The sizes of a shape expression whose sizes are all known (the frontend computes shapes of
+    static tensors as such), None for anything else."""
+    if not isinstance(expr, relax.ShapeExpr) or not all(isinstance(v, tvm.tirx.IntImm) for v in expr.values):
+        return None
+    return [int(v) for v in expr.values]
 
 
 def optional_input(inputs: list, i: int, params: list) -> relax.Expr | None:

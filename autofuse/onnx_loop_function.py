@@ -37,6 +37,8 @@ from tvm import tirx
 from autofuse.onnx_constants import names_read
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import is_const
+from autofuse.onnx_converters import static_dims
+from autofuse.onnx_converters import static_values
 
 NO_LIMIT = 2**63 - 1  # ONNX: a Loop without a trip count runs until its condition is false
 
@@ -63,14 +65,14 @@ def _loop(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list, opset:
             break
         states = widened
     elements = returned[1 + n:]
-    if any(_static(e) is None for e in elements):
+    if any(static_dims(e) is None for e in elements):
         raise LoopError("a Loop's scan output has elements of a run-time shape (only static ones are stacked)")
     name = bb.get_unique_name("loop")
     mod, loop = _loop_function(body_mod, name, n, elements)
     loop = _merge(bb, mod, loop)
     first = [relax.const(0, "int64"), trips if trips is not None else relax.const(NO_LIMIT, "int64"),
              cond if cond is not None else relax.const(True, "bool")]
-    empty = [relax.op.zeros(relax.ShapeExpr([0, *_static(e)]), e.dtype) for e in elements]
+    empty = [relax.op.zeros(relax.ShapeExpr([0, *static_dims(e)]), e.dtype) for e in elements]
     result = bb.emit(relax.Call(loop, [*first, *carried, *empty, *[x for _, x in captured]]))
     outputs = []
     for k, ty in enumerate([*states, *[_stacked(e) for e in elements]]):
@@ -105,8 +107,8 @@ def _captured(bb: relax.BlockBuilder, body: onnx.GraphProto, nodes: dict) -> tup
         value = nodes[name]
         if is_const(value):
             constants.append(numpy_helper.from_array(value.value.numpy(), name))
-        elif isinstance(value, relax.ShapeExpr) and all(isinstance(v, tirx.IntImm) for v in value.values):
-            constants.append(numpy_helper.from_array(np.array([int(v) for v in value.values], np.int64), name))
+        elif static_values(value) is not None:
+            constants.append(numpy_helper.from_array(np.array(static_values(value), np.int64), name))
         elif isinstance(value, tirx.IntImm):  # a size the frontend read from a static shape
             constants.append(numpy_helper.from_array(np.array(int(value), str(value.ty)), name))
         else:
@@ -160,14 +162,6 @@ def _fields(ty: object) -> list:
     return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
 
 
-def _static(ty: relax.TensorType) -> list[int] | None:
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    if not all(isinstance(d, tirx.IntImm) for d in ty.shape.values):
-        return None
-    return [int(d) for d in ty.shape.values]
-
-
 def _widened(state: relax.TensorType, returned: relax.TensorType) -> relax.TensorType:
     """`state` where the body returns its carried value with the same type and static sizes;
     otherwise a type whose sizes the body changes are not static (the same rank and dtype)."""
@@ -184,7 +178,7 @@ def _widened(state: relax.TensorType, returned: relax.TensorType) -> relax.Tenso
 
 def _stacked(element: relax.TensorType) -> relax.TensorType:
     """The type of a scan output of (static) `element`s: their number is the run-time size -1."""
-    return relax.TensorType([-1, *_static(element)], element.dtype)
+    return relax.TensorType([-1, *static_dims(element)], element.dtype)
 
 
 def _named_sizes(ty: relax.TensorType, name: str) -> relax.TensorType:

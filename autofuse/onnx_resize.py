@@ -29,6 +29,7 @@ from autofuse.onnx_converters import array_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
+from autofuse.onnx_converters import static_values
 from autofuse.onnx_converters import text
 
 
@@ -36,8 +37,8 @@ def _values(expr: relax.Expr | None, what: str) -> np.ndarray | None:
     """A constant input's values (None where absent or empty); anything else is refused."""
     if expr is None:
         return None
-    if _static_shape_expr(expr):  # sizes the frontend computed from shapes
-        return np.array([int(v) for v in expr.values], np.int64)
+    if static_values(expr) is not None:  # sizes the frontend computed from shapes
+        return np.array(static_values(expr), np.int64)
     try:
         values = expr.value.numpy()
     except AttributeError:
@@ -204,14 +205,10 @@ def _attributes(attr: dict, **fixed: object) -> dict:
 
 def _resize_v11(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     roi, scales, sizes = (optional_input(inputs, i, params) for i in (1, 2, 3))
-    if sizes is not None and not is_const(sizes) and not _static_shape_expr(sizes):
+    if sizes is not None and not is_const(sizes) and static_values(sizes) is None:
         return _run_time_resize(bb, inputs[0], sizes, _attributes(attr))
     return _resize(bb, inputs[0], _values(scales, "scales"), _values(sizes, "sizes"), _values(roi, "roi"),
                    _attributes(attr), params)
-
-
-def _static_shape_expr(expr: relax.Expr) -> bool:
-    return isinstance(expr, relax.ShapeExpr) and all(isinstance(v, tirx.IntImm) for v in expr.values)
 
 
 def _run_time_resize(bb: relax.BlockBuilder, x: relax.Expr, sizes: relax.Expr, attr: dict) -> relax.Expr:
