@@ -95,9 +95,10 @@ def is_size(x: relax.Expr | None) -> bool:
     return isinstance(ty, tvm.ir.PrimType) and str(ty.dtype) == "int64"
 
 
-def size_tensor(x: relax.Expr) -> relax.Expr:
-    """A size (is_size) as the 0-d int64 tensor ONNX has it as."""
-    return relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([x])), ())
+def size_tensor(x: relax.Expr, dtype: str = "int64") -> relax.Expr:
+    """A size (is_size) as the 0-d tensor ONNX has it as (of `dtype`: beside a tensor of it)."""
+    scalar = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([x])), ())
+    return scalar if dtype == "int64" else relax.op.astype(scalar, dtype)
 
 
 def _sizes_beside_tensors(op: str) -> type:
@@ -113,7 +114,7 @@ def _sizes_beside_tensors(op: str) -> type:
             tensors = [x for x in inputs if isinstance(getattr(x, "ty", None), relax.TensorType)]
             if tensors and any(is_size(x) for x in inputs):
                 dtype = str(tensors[0].ty.dtype)
-                inputs = [bb.normalize(relax.op.astype(size_tensor(x), dtype)) if is_size(x) else x for x in inputs]
+                inputs = [bb.normalize(size_tensor(x, dtype)) if is_size(x) else x for x in inputs]
             return impl(bb, inputs, attr, params)
         return convert
 

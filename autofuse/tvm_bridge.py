@@ -24,6 +24,8 @@ from tvm import relax
 from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
 from autofuse.graph import OpNode
+from autofuse.onnx_sizes import is_size
+from autofuse.onnx_sizes import size_tensor
 from autofuse.plan import FusionPlan
 from autofuse.schedule import SERIAL_INNER
 from autofuse.schedule import whole_tile_rows
@@ -315,10 +317,15 @@ _ELEMENTWISE_BINARY = _BROADCAST_BINARY | {f"relax.{op}" for op in (
     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")}
 
 
-def _is_size(expr: relax.Expr) -> bool:
-    """An integer the frontend read from a shape, held as a PrimValue (a symbolic size)."""
-    ty = getattr(expr, "ty", None)
-    return isinstance(ty, tvm.ir.PrimType) and str(ty.dtype) == "int64"
+def _plain_transposed(call: relax.Call) -> bool:
+    """A 2-D transposed convolution in the layouts TVM's importers give it (NCHW data, IOHW
+    weights), of known shapes, one group and no dilation: what the rewrites of such convolutions
+    handle."""
+    x, w = call.args
+    a = call.attrs
+    return (x.ty.ndim == 4 and w.ty.ndim == 4 and isinstance(x.ty.shape, relax.ShapeExpr)
+            and isinstance(w.ty.shape, relax.ShapeExpr) and str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "IOHW"
+            and str(a.out_layout or "NCHW") == "NCHW" and int(a.groups) == 1 and all(int(v) == 1 for v in a.dilation))
 
 
 @relax.expr_functor.mutator
@@ -353,8 +360,8 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
-        if name in _ELEMENTWISE_BINARY and any(_is_size(a) for a in call.args) \
-                and not all(_is_size(a) for a in call.args):  # sizes alone: arithmetic on sizes
+        if name in _ELEMENTWISE_BINARY and any(is_size(a) for a in call.args) \
+                and not all(is_size(a) for a in call.args):  # sizes alone: arithmetic on sizes
             return self._tensor_operands(call)
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
@@ -393,9 +400,8 @@ class _LayoutRewriter(relax.PyExprMutator):
         segfault) on a PrimValue operand (Keypoint R-CNN's `argmax % width`, the width a
         heatmap's, resized at run time)."""
         emit = self.builder_.normalize
-        dtype = str(next(a for a in call.args if not _is_size(a)).ty.dtype)
-        args = [a if not _is_size(a) else emit(relax.op.astype(emit(relax.op.reshape(
-                emit(relax.op.shape_to_tensor(relax.ShapeExpr([a]))), ())), dtype)) for a in call.args]
+        dtype = str(next(a for a in call.args if not is_size(a)).ty.dtype)
+        args = [emit(size_tensor(a, dtype)) if is_size(a) else a for a in call.args]
         return emit(relax.Call(call.op, args, call.attrs))
 
     def _full_rank_operands(self, call: relax.Call) -> relax.Expr:
@@ -439,16 +445,15 @@ class _LayoutRewriter(relax.PyExprMutator):
         well under 0.3."""
         x, w = call.args
         a = call.attrs
-        if (x.ty.ndim != 4 or w.ty.ndim != 4 or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW"
-                or str(a.out_layout or "NCHW") != "NCHW" or int(a.groups) != 1):
+        if not _plain_transposed(call):
             return call
         n, *rest = x.ty.shape.values  # n may be a run-time count (Keypoint R-CNN's detections)
         if not all(isinstance(d, tvm.tirx.IntImm) for d in [*rest, *w.ty.shape.values]):
             return call
         c, h, wd = (int(d) for d in rest)
         _, o, kh, kw = (int(d) for d in w.ty.shape.values)
-        if ([int(v) for v in a.strides] != [kh, kw] or any(int(v) for v in a.padding)
-                or any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation)):
+        if [int(v) for v in a.strides] != [kh, kw] or any(int(v) for v in a.padding) \
+                or any(int(v) for v in a.output_padding):
             return call
         emit = self.builder_.normalize
         pixels = emit(relax.op.reshape(emit(relax.op.permute_dims(x, [0, 2, 3, 1])), [n * h * wd, c]))
@@ -470,9 +475,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         of the stride gets zero rows up to one. Weights must be constants (re-laid here)."""
         x, w = call.args
         a = call.attrs
-        if (x.ty.ndim != 4 or not isinstance(w, tvm.ir.expr.Constant) or str(a.data_layout) != "NCHW"
-                or str(a.kernel_layout) != "IOHW" or str(a.out_layout or "NCHW") != "NCHW" or int(a.groups) != 1
-                or any(int(v) != 1 for v in a.dilation)):
+        if not _plain_transposed(call) or not isinstance(w, tvm.ir.expr.Constant):
             return call
         n, *rest = x.ty.shape.values
         if not all(isinstance(d, tvm.tirx.IntImm) for d in rest):
