@@ -464,6 +464,26 @@ def test_a_block_the_layout_pass_fails_on_keeps_its_layout_and_the_others_change
     assert layouts == ["NHWC", "NCHW"]
 
 
+def test_a_size_beside_a_tensor_in_a_module_given_directly_becomes_a_tensor():
+    # TVM's ConvertLayout segfaulted on a binary op with a size (a PrimValue) as an operand
+    # (Keypoint R-CNN's `argmax % width`); the ONNX import now makes such sizes tensors itself,
+    # a Relax module handed over as it is goes through LayoutFriendlyOps
+    k = tirx.Var("k", "int64")
+    x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
+    idx = relax.Var("idx", relax.TensorType([k], "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, idx]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((4, 4, 3, 3), "float32")), padding=1))
+            column = bb.emit(relax.op.floor_mod(idx, relax.prim_value(k)))
+            out = bb.emit_output(relax.Tuple([conv, column]))
+        bb.emit_func_output(out)
+    normal = normalize(bb.get())
+    xs = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype("float32")
+    got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [xs, np.array([3, 9, 5], "int64")])
+    np.testing.assert_array_equal(got[1], np.array([0, 0, 2]))
+
+
 def test_a_block_over_a_run_time_count_of_images_goes_channels_last_and_runs():
     # Keypoint R-CNN's head, over min(20, detections) images: TVM's ConvertLayout inferred the
     # first 20 of n as min(20, n) - min(0, n) and refused to change the block's outputs ("should
