@@ -104,11 +104,11 @@ def _captured(bb: relax.BlockBuilder, body: onnx.GraphProto, nodes: dict) -> tup
     outer = sorted((names_read(body) | {o.name for o in body.output}) - local - {""})
     captured, constants = [], []
     for name in outer:
-        value = nodes[name]
+        value, sizes = nodes[name], static_values(nodes[name])
         if is_const(value):
             constants.append(numpy_helper.from_array(value.value.numpy(), name))
-        elif static_values(value) is not None:
-            constants.append(numpy_helper.from_array(np.array(static_values(value), np.int64), name))
+        elif sizes is not None:
+            constants.append(numpy_helper.from_array(np.array(sizes, np.int64), name))
         elif isinstance(value, tirx.IntImm):  # a size the frontend read from a static shape
             constants.append(numpy_helper.from_array(np.array(int(value), str(value.ty)), name))
         else:

@@ -37,8 +37,9 @@ def _values(expr: relax.Expr | None, what: str) -> np.ndarray | None:
     """A constant input's values (None where absent or empty); anything else is refused."""
     if expr is None:
         return None
-    if static_values(expr) is not None:  # sizes the frontend computed from shapes
-        return np.array(static_values(expr), np.int64)
+    sizes = static_values(expr)  # sizes the frontend computed from shapes
+    if sizes is not None:
+        return np.array(sizes, np.int64)
     try:
         values = expr.value.numpy()
     except AttributeError:

@@ -324,8 +324,9 @@ def _plain_transposed(call: relax.Call) -> bool:
     x, w = call.args
     a = call.attrs
     return (x.ty.ndim == 4 and w.ty.ndim == 4 and isinstance(x.ty.shape, relax.ShapeExpr)
-            and isinstance(w.ty.shape, relax.ShapeExpr) and str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "IOHW"
-            and str(a.out_layout or "NCHW") == "NCHW" and int(a.groups) == 1 and all(int(v) == 1 for v in a.dilation))
+            and isinstance(w.ty.shape, relax.ShapeExpr) and str(a.data_layout) == "NCHW"
+            and str(a.kernel_layout) == "IOHW" and str(a.out_layout or "NCHW") == "NCHW" and int(a.groups) == 1
+            and all(int(v) == 1 for v in a.dilation))
 
 
 @relax.expr_functor.mutator
