@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import onnx
 import tvm
+import tvm_ffi
 from onnx import helper
 from tvm import relax
 from tvm import tirx
@@ -129,11 +130,20 @@ def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) ->
     only supports Tensor that has ShapeExpr shape")."""
     x = inputs[0]
     name = str(attr.get("tvm_custom", {}).get("name", ""))
+    return sizes_named(bb, x, name[len(BRANCH_MARKER):]) if name.startswith(BRANCH_MARKER) else x
+
+
+def sizes_named(bb: relax.BlockBuilder, x: relax.Expr, name: str, known: list | None = None) -> relax.Expr:
+    """`x`, where it is a tensor of known rank whose shape its type leaves unknown, cast to a
+    shape of fresh size variables (`name`_0, ...) bound at run time, but for the sizes `known`
+    gives (None where it does not): TVM legalises no op on a tensor of unknown shape, and the
+    variables carry through the ops after it."""
+    x = bb.normalize(x)
     ty = x.ty
-    if not name.startswith(BRANCH_MARKER) or not isinstance(ty, relax.TensorType) or ty.shape is not None \
-            or ty.ndim < 0:
+    if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0:
         return x
-    dims = [tirx.Var(f"{name[len(BRANCH_MARKER):]}_{i}", "int64") for i in range(ty.ndim)]
+    known = known if known is not None and len(known) == ty.ndim else [None] * ty.ndim
+    dims = [tirx.Var(f"{name}_{i}", "int64") if k is None else k for i, k in enumerate(known)]
     return bb.match_cast(x, relax.TensorType(dims, ty.dtype))
 
 
@@ -160,7 +170,14 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         if until is not None and len(until) == len(starts):
             axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
             return relax.op.strided_slice(data, axes, starts, until)
-    return stock("Slice")._impl_v13(bb, inputs, attr, params)
+    # starts or ends computed at run time (Mask R-CNN pasting each mask in its box): a slice of
+    # a shape TVM leaves unknown, the sizes along the axes sliced named, the others the input's
+    sliced = stock("Slice")._impl_v13(bb, inputs, attr, params)
+    known = None
+    if dims is not None and axes is not None:
+        cut = {a % len(dims) for a in axes}
+        known = [None if a in cut else d for a, d in enumerate(dims)]
+    return sizes_named(bb, sliced, str(attr.get("tvm_custom", {}).get("name", "slice")), known)
 
 
 def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -171,13 +188,37 @@ def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
     from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
 
     shapes = [isinstance(getattr(x, "ty", None), relax.ShapeType) for x in inputs]
-    if not any(shapes) or all(shapes):
+    if not any(shapes):
+        return _concat_tensors(bb, inputs, attr, params)
+    if all(shapes):
         return stock("Concat")._impl_v13(bb, inputs, attr, params)
     parts = [list(x.ty.values) if shape and x.ty.values is not None else None if shape else shape_values(bb, x)
              for x, shape in zip(inputs, shapes)]
     if all(p is not None for p in parts):
         return relax.ShapeExpr([v for p in parts for v in p])
     return relax.op.concat([bb.normalize(shape_tensor(x)) for x in inputs], int(attr.get("axis", 0)))
+
+
+def _concat_tensors(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
+    """Concat of tensors; where TVM cannot prove their sizes off the axis equal (expressions of
+    run-time sizes: Mask R-CNN's loop appends each pasted mask, [1, expression of its box, ...],
+    to the masks so far, [n, h, w]), it types the result by rank alone and no kernel
+    legalises. ONNX has those sizes equal: each input is cast to the first's sizes there (a
+    static size where one has it), checked at run time."""
+    joined = bb.normalize(stock("Concat")._impl_v13(bb, inputs, attr, params))
+    ty = joined.ty
+    dims = [list(x.ty.shape.values) if isinstance(getattr(getattr(x, "ty", None), "shape", None), relax.ShapeExpr)
+            else None for x in inputs]
+    if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0 or len(inputs) < 2 \
+            or any(d is None or len(d) != ty.ndim for d in dims):
+        return joined
+    axis = int(attr.get("axis", 0)) % ty.ndim
+    common = [next((d[k] for d in dims if isinstance(d[k], tirx.IntImm)), dims[0][k]) for k in range(ty.ndim)]
+    cast = [x if all(k == axis or tvm_ffi.structural_equal(d[k], common[k]) for k in range(ty.ndim))
+            else bb.match_cast(x, relax.TensorType([d[axis] if k == axis else common[k] for k in range(ty.ndim)],
+                                                    x.ty.dtype))
+            for x, d in zip(inputs, dims)]
+    return relax.op.concat(cast, axis)
 
 
 def _range(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:

@@ -230,8 +230,8 @@ class _VectorMathRewriter(relax.PyExprMutator):
             return self._sigmoid(x, dtype)
         if name == "relax.nn.silu":
             return self._emit(relax.op.multiply(x, self._sigmoid(x, dtype)))
-        divisor = call.args[1] if name == "relax.divide" else None
-        if isinstance(divisor, tvm.ir.expr.Constant) and str(divisor.value.dtype) == dtype:
+        divisor = _constant_array(call.args[1]) if name == "relax.divide" else None
+        if divisor is not None and str(divisor.dtype) == dtype:
             # by a constant: a multiply by its reciprocal (HardSwish's / 6 in MobileNetV3's
             # epilogues, a batch norm's / sqrt(var + eps) where it could not fold into a
             # convolution, as in DenseNet); a vector division costs ~10 multiplies, the result
@@ -240,9 +240,8 @@ class _VectorMathRewriter(relax.PyExprMutator):
             # plans, which LLVM compiles the division into differently: the int8 CRNN's plans
             # 1e-6 apart as products, 0.0085 as divisions, where a quantized activation rounds
             # to the next integer.)
-            value = divisor.value.numpy()
-            if np.all(np.isfinite(value)) and np.all(value != 0):
-                return self._emit(relax.op.multiply(x, relax.const((1 / value).astype(dtype))))
+            if np.all(np.isfinite(divisor)) and np.all(divisor != 0):
+                return self._emit(relax.op.multiply(x, relax.const((1 / divisor).astype(dtype))))
         return call
 
     def _emit(self, expr: relax.Expr) -> relax.Expr:
@@ -253,14 +252,22 @@ class _VectorMathRewriter(relax.PyExprMutator):
         return self._emit(relax.op.divide(_c(1.0, dtype), self._emit(relax.op.add(e, _c(1.0, dtype)))))
 
     def _power(self, base: relax.Expr, exponent: relax.Expr) -> relax.Expr | None:
-        if not isinstance(exponent, tvm.ir.expr.Constant):
-            return None
-        value = exponent.value.numpy()
-        power = float(value.reshape(())) if value.size == 1 else None
+        value = _constant_array(exponent)
+        power = float(value.reshape(())) if value is not None and value.size == 1 else None
         if power not in (2.0, 3.0):
             return None
         out = self._emit(relax.op.multiply(base, base))
         return self._emit(relax.op.multiply(out, base)) if power == 3.0 else out
+
+
+def _constant_array(expr: relax.Expr) -> np.ndarray | None:
+    """The value of a constant operand: a tensor constant's array, a scalar PrimValue's (a
+    binary op takes either; Mask R-CNN's mask paste divides by a float PrimValue), else None."""
+    if isinstance(expr, tvm.ir.expr.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+        return np.array(expr.value, str(expr.ty))
+    return None
 
 
 def _c(value: float, dtype: str) -> relax.Expr:
@@ -417,7 +424,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         low = 0 if ranks[0] < ranks[1] else 1
         x = call.args[low]
         shape = _static_dims(x.ty)
-        if isinstance(x, tvm.ir.expr.Constant) or shape is None:
+        if isinstance(x, tvm.ir.expr.GenericConst) or shape is None:
             return call
         full = self.builder_.normalize(relax.op.reshape(x, [1] * abs(ranks[0] - ranks[1]) + shape))
         args = [full, b] if low == 0 else [a, full]
@@ -476,7 +483,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         of the stride gets zero rows up to one. Weights must be constants (re-laid here)."""
         x, w = call.args
         a = call.attrs
-        if not _plain_transposed(call) or not isinstance(w, tvm.ir.expr.Constant):
+        if not _plain_transposed(call) or not isinstance(w, tvm.ir.expr.GenericConst):
             return call
         n, *rest = x.ty.shape.values
         if not all(isinstance(d, tvm.tirx.IntImm) for d in rest):
@@ -646,7 +653,7 @@ def _static_dims(ty: object) -> list[int] | None:
 def _constant_indices(indices: relax.Expr, size: int) -> np.ndarray | None:
     """Constant indices into an axis of `size`, negative ones counted from its end; None if they
     are not constants or not all within the axis (left to the op's own rule for those)."""
-    if not isinstance(indices, tvm.ir.expr.Constant):
+    if not isinstance(indices, tvm.ir.expr.GenericConst):
         return None
     return _within(indices.value.numpy(), size)
 
@@ -777,7 +784,7 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
         counts, axes = shape[:-1], shape[-1]
         if not 1 <= axes <= len(dims) or len(counts) != axes or given != [*counts, *dims[axes:]]:
             return call
-        if not isinstance(indices, tvm.ir.expr.Constant):
+        if not isinstance(indices, tvm.ir.expr.GenericConst):
             return call
         coords = indices.value.numpy().astype(np.int64)
         grid = np.indices(counts)
@@ -898,7 +905,7 @@ class _ChannelPadder(relax.PyExprMutator):
             if call.op.name == "relax.nn.conv2d":
                 pad_to = lambda c: conv_channels(c, taps)  # noqa: E731
             return self._pad(call, o_axis, layout.index("C"), 2, pad_to)
-        if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.Constant)
+        if (call.op.name == "relax.matmul" and isinstance(call.args[1], tvm.ir.expr.GenericConst)
                 and call.args[1].ty.ndim == 2):
             # up to SERIAL_INNER columns run as serial accumulators inside the reduction
             shape = [getattr(d, "value", None) for d in call.ty.shape.values]

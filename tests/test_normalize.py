@@ -17,6 +17,7 @@ ACTIVATIONS = {
     "sigmoid": relax.op.sigmoid,
     "silu": relax.op.nn.silu,
     "cube": lambda x: relax.op.power(x, relax.const(3.0, "float32")),
+    "cube_prim_value": lambda x: relax.op.power(x, relax.prim_value(tirx.FloatImm("float32", 3.0))),
     "tanh": relax.op.tanh,
 }
 
@@ -212,21 +213,24 @@ def test_activations_and_quantization_between_convolutions_stay_channels_last(na
     _assert_computes_as_legalized(normal, mod, rng.standard_normal((1, 8, 12, 12)).astype("float32"), 1e-4)
 
 
-@pytest.mark.parametrize("case", ["scalar", "per_channel", "constant_over_tensor"])
+@pytest.mark.parametrize("case", ["scalar", "per_channel", "constant_over_tensor", "prim_value"])
 def test_division_by_a_constant_becomes_a_product(case):
     # HardSwish's / 6 in every MobileNetV3 epilogue, a decomposed batch norm's per-channel
     # / sqrt(var + eps) in DenseNet: a vector division costs ~10 products. A constant divided
-    # by a tensor stays a division
+    # by a tensor stays a division. A scalar PrimValue is a constant too (Mask R-CNN's mask
+    # paste): the rewrite read it as a tensor constant and normalisation failed
     six = relax.const(6.0, "float32")
     scales = np.linspace(0.5, 3.0, 64).astype("float32")
     ops = {"scalar": lambda x: relax.op.divide(x, six),
            "per_channel": lambda x: relax.op.divide(x, relax.const(scales)),
-           "constant_over_tensor": lambda x: relax.op.divide(six, x)}
+           "constant_over_tensor": lambda x: relax.op.divide(six, x),
+           "prim_value": lambda x: relax.op.divide(x, relax.prim_value(tirx.FloatImm("float32", 6.0)))}
     normalized = normalize(_module(ops[case]))
     assert (" / " not in normalized.script()) == (case != "constant_over_tensor")
     x = np.random.default_rng(0).uniform(1, 6, (4, 64)).astype("float32")
     got = build.run(build.build(normalized, build.make_target("llvm")), tvm.cpu(), [x])[0]
-    want = {"scalar": x / np.float32(6), "per_channel": x / scales, "constant_over_tensor": np.float32(6) / x}[case]
+    want = {"scalar": x / np.float32(6), "per_channel": x / scales, "constant_over_tensor": np.float32(6) / x,
+            "prim_value": x / np.float32(6)}[case]
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 

@@ -335,10 +335,10 @@ COUNTS = ([0.9, 0.1, 0.7, 0.2, 0.3, 0.8], [0.1] * 6, [0.9] * 6)
 SCORES = np.arange(18, dtype="float32").reshape(6, 3)
 
 
-def _over_half(nodes: list, out_type: int, scores: bool = True) -> onnx.ModelProto:
-    """A model computing `count` and `where` (the number and the indices of x's values over 0.5)
-    then `nodes`, whose `y` is its output; with a second input `scores` [6, 3] if asked. Constants:
-    i0, i1, three (scalars), v0, v1, flat ([0], [1], [-1])."""
+def _over_half(nodes: list, out_type: int, scores: bool = True, extra: dict | None = None) -> onnx.ModelProto:
+    """A model computing `over` (x > 0.5), `count` and `where` (the number and the indices of x's
+    values over 0.5) then `nodes`, whose `y` is its output; with a second input `scores` [6, 3] if
+    asked. Constants: i0, i1, three (scalars), v0, v1, flat ([0], [1], [-1]), and `extra`."""
     counting = [helper.make_node("Greater", ["x", "half"], ["over"]),
                 helper.make_node("NonZero", ["over"], ["where"]),
                 helper.make_node("Shape", ["where"], ["shape"]),
@@ -348,7 +348,7 @@ def _over_half(nodes: list, out_type: int, scores: bool = True) -> onnx.ModelPro
         inputs.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, [6, 3]))
     constants = {"half": np.array(0.5, "float32"), "i0": np.array(0, "int64"), "i1": np.array(1, "int64"),
                  "three": np.array(3, "int64"), "v0": np.array([0], "int64"), "v1": np.array([1], "int64"),
-                 "flat": np.array([-1], "int64")}
+                 "flat": np.array([-1], "int64"), **(extra or {})}
     graph = helper.make_graph(counting + nodes, "g", inputs, [helper.make_tensor_value_info("y", out_type, None)],
                               [numpy_helper.from_array(v, k) for k, v in constants.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -402,3 +402,43 @@ def test_a_shape_concatenated_with_sizes_gathered_from_a_shape_is_a_shape(tmp_pa
                         helper.make_node("Reshape", ["flattened", "target"], ["y"])], TensorProto.FLOAT)
     for count, y in _counted(model, tmp_path):
         assert y.shape == (count, 3)
+
+
+def test_a_slice_from_a_run_time_value_has_its_sizes_named(tmp_path):
+    # Mask R-CNN pastes each mask in its box: a slice from a start read from the data, padded
+    # with zeros as many as that start (a size read from the data) and as the slice is long (a
+    # size read from its shape). TVM typed the slice by rank alone: its Shape was a shape_of the
+    # Gather after it refused ("shape_of expects a tensor input"); the zeros had no known shape
+    zero = numpy_helper.from_array(np.array([-1.0], "float32"))
+    model = _over_half([helper.make_node("Cast", ["over"], ["flags"], to=TensorProto.INT64),
+                        helper.make_node("ReduceSum", ["flags"], ["begin"], keepdims=1),
+                        helper.make_node("Slice", ["scores", "begin", "six", "v0"], ["tail"]),
+                        helper.make_node("Shape", ["tail"], ["tail_shape"]),
+                        helper.make_node("Gather", ["tail_shape", "i0"], ["rows"], axis=0),
+                        helper.make_node("Gather", ["tail_shape", "v1"], ["width"], axis=0),
+                        helper.make_node("Unsqueeze", ["rows", "v0"], ["rows1"]),
+                        helper.make_node("Concat", ["rows1", "width"], ["shape_sized"], axis=0),
+                        helper.make_node("ConstantOfShape", ["shape_sized"], ["after"], value=zero),
+                        helper.make_node("Concat", ["begin", "width"], ["data_sized"], axis=0),
+                        helper.make_node("ConstantOfShape", ["data_sized"], ["before"], value=zero),
+                        helper.make_node("Concat", ["before", "tail", "after"], ["y"], axis=0)], TensorProto.FLOAT,
+                       extra={"six": np.array([6], "int64")})
+    for count, y in _counted(model, tmp_path):
+        assert y.shape == (12 - count, 3)
+
+
+def test_a_concat_of_sizes_equal_only_at_run_time_is_typed_by_the_first(tmp_path):
+    # Mask R-CNN's loop appends each pasted mask, [1, (its box's expression), ...], to the masks
+    # so far, [n, h, w]: TVM cannot prove the sizes off the axis equal, typed the result by rank
+    # alone, and no kernel legalised the concat. Here rows [begin, 6) of the scores beside as many
+    # rows of zeros, that count computed from the data (6 - begin)
+    model = _over_half([helper.make_node("Cast", ["over"], ["flags"], to=TensorProto.INT64),
+                        helper.make_node("ReduceSum", ["flags"], ["begin"], keepdims=1),
+                        helper.make_node("Slice", ["scores", "begin", "six", "v0"], ["tail"]),
+                        helper.make_node("Sub", ["six", "begin"], ["rows"]),
+                        helper.make_node("Concat", ["rows", "two"], ["zeros_shape"], axis=0),
+                        helper.make_node("ConstantOfShape", ["zeros_shape"], ["zeros"]),
+                        helper.make_node("Concat", ["tail", "zeros"], ["y"], axis=1)], TensorProto.FLOAT,
+                       extra={"six": np.array([6], "int64"), "two": np.array([2], "int64")})
+    for count, y in _counted(model, tmp_path):
+        assert y.shape == (6 - count, 5)
