@@ -75,9 +75,7 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
             choice[name] = k
         else:
             choice[name] = None
-    elsewhere = {b.value.args[0].name_hint for gv, f in mod.functions.items() if gv.name_hint != "main"
-                 and isinstance(f, relax.Function) and isinstance(f.body, relax.SeqExpr)
-                 for blk in f.body.blocks for b in blk.bindings if is_kernel_call(b.value)}
+    elsewhere = _kernels_called_outside_main(mod)
     chosen = {name: k for name, k in choice.items() if k is not None and name not in elsewhere}
     if not chosen:
         return mod
@@ -107,6 +105,22 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
         else:
             functions[gv] = func
     return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _kernels_called_outside_main(mod: tvm.IRModule) -> set[str]:
+    """The kernels a function other than main calls, anywhere in it (a loop's function calls
+    its counter's increment inside an If's branch: made in-place for main's calls alone, the
+    loop's call passed it one argument too many at run time)."""
+    called: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if is_kernel_call(expr):
+            called.add(expr.args[0].name_hint)
+
+    for gv, func in mod.functions.items():
+        if gv.name_hint != "main" and isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return called
 
 
 def _overwritable(

@@ -32,7 +32,6 @@ from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import element_dtype
 from autofuse.onnx_converters import is_const
-from autofuse.onnx_converters import static_dims
 from autofuse.onnx_converters import static_shape
 from autofuse.onnx_converters import stock
 from autofuse.onnx_converters import text
@@ -268,39 +267,13 @@ def shape_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> li
     return None
 
 
-def _sizes_read_or_named(bb: relax.BlockBuilder, expr: relax.Expr, name: str) -> list | None:
-    """The sizes a 1-d integer tensor of known length holds, those computed from shapes as their
-    expressions, the others (read from the data: Mask R-CNN's paste of a mask in its box pads
-    it with zeros as many as the box's distance from the image's edge) fresh variables bound to
-    its values at run time. None for anything else."""
-    ty = getattr(expr, "ty", None)
-    length = static_dims(ty) if isinstance(ty, relax.TensorType) else None
-    if length is None or len(length) != 1 or not str(ty.dtype).startswith("int"):
-        return None
-    value = bb.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-    fields = value.args[0].fields if isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.concat") \
-        and isinstance(value.args[0], relax.Tuple) else [expr]
-    dims: list = []
-    for field in fields:
-        width = static_dims(getattr(field, "ty", None))
-        if width is None or len(width) != 1:
-            return None
-        dims += shape_values(bb, field) or [None] * width[0]
-    if len(dims) != length[0]:
-        return None
-    dims = [tirx.Var(f"{name}_{k}", "int64") if d is None else d for k, d in enumerate(dims)]
-    shape = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.astype(expr, "int64"))))
-    bb.match_cast(shape, relax.ShapeType(dims))
-    return dims
-
-
 def _constant_of_shape(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
     """A shape computed from a run-time size (torchvision's batch index for a RoiAlign: Shape of
     the kept boxes -> Gather -> ConstantOfShape) as that size: the stock converter gave a tensor
     of unknown shape, and the ops after it (a Flatten) failed to import."""
     dims = shape_values(bb, inputs[0])
     if dims is None:
-        dims = _sizes_read_or_named(bb, inputs[0], str(attr.get("tvm_custom", {}).get("name", "zeros")))
+        dims = onnx_sizes.sizes_read_or_named(bb, inputs[0], str(attr.get("tvm_custom", {}).get("name", "zeros")))
     if dims is None or all(isinstance(d, tirx.IntImm) for d in dims):
         return stock("ConstantOfShape")._impl_v9(bb, inputs, attr, params)
     from onnx import numpy_helper

@@ -15,6 +15,7 @@ only as a constant. Here:
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import tvm
 import tvm_ffi
@@ -27,6 +28,7 @@ from autofuse.onnx_converters import const_ints
 from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import converter
 from autofuse.onnx_converters import optional_input
+from autofuse.onnx_converters import static_dims
 from autofuse.onnx_converters import stock
 from autofuse.onnx_rewrite import rename_inputs
 
@@ -103,8 +105,9 @@ def size_tensor(x: relax.Expr, dtype: str = "int64") -> relax.Expr:
 
 
 def _sizes_beside_tensors(op: str) -> type:
-    """`op` (elementwise arithmetic) with a size beside a tensor taking it as a 0-d tensor of the
-    tensor's type. The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
+    """`op` (elementwise arithmetic or a comparison) with a size beside a tensor taking it as a
+    0-d tensor of the tensor's type (a comparison of one failed to import: "Cannot use and / or /
+    not operator to Expr"). The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
     ceil(h / 32) * 32 - h with h a resized image's height, came out [1] where ONNX has a scalar,
     and a Concat of such values unsqueezed failed ("Concat expects all input tensors to have same
     ndim"). Sizes alone stay arithmetic on sizes (shapes stay static where they can)."""
@@ -130,21 +133,47 @@ def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) ->
     only supports Tensor that has ShapeExpr shape")."""
     x = inputs[0]
     name = str(attr.get("tvm_custom", {}).get("name", ""))
-    return sizes_named(bb, x, name[len(BRANCH_MARKER):]) if name.startswith(BRANCH_MARKER) else x
+    return _sizes_named(bb, x, name[len(BRANCH_MARKER):]) if name.startswith(BRANCH_MARKER) else x
 
 
-def sizes_named(bb: relax.BlockBuilder, x: relax.Expr, name: str, known: list | None = None) -> relax.Expr:
+def _sizes_named(bb: relax.BlockBuilder, x: relax.Expr, name: str) -> relax.Expr:
     """`x`, where it is a tensor of known rank whose shape its type leaves unknown, cast to a
-    shape of fresh size variables (`name`_0, ...) bound at run time, but for the sizes `known`
-    gives (None where it does not): TVM legalises no op on a tensor of unknown shape, and the
-    variables carry through the ops after it."""
-    x = bb.normalize(x)
+    shape of fresh size variables (`name`_0, ...) bound at run time: TVM legalises no op on a
+    tensor of unknown shape, and the variables carry through the ops after it."""
     ty = x.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0:
         return x
-    known = known if known is not None and len(known) == ty.ndim else [None] * ty.ndim
-    dims = [tirx.Var(f"{name}_{i}", "int64") if k is None else k for i, k in enumerate(known)]
+    dims = [tirx.Var(f"{name}_{i}", "int64") for i in range(ty.ndim)]
     return bb.match_cast(x, relax.TensorType(dims, ty.dtype))
+
+
+def sizes_read_or_named(bb: relax.BlockBuilder, expr: relax.Expr, name: str) -> list | None:
+    """The values a 1-d integer tensor of known length holds, as sizes: those computed from
+    shapes as their expressions, the others (read from the data: where Mask R-CNN pastes a mask
+    in its box) fresh variables (`name`_k) bound to its values at run time. None for anything
+    else."""
+    from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
+
+    ty = getattr(expr, "ty", None)
+    length = static_dims(ty) if isinstance(ty, relax.TensorType) else None
+    if length is None or len(length) != 1 or not str(ty.dtype).startswith("int"):
+        return None
+    value = bb.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+    fields = value.args[0].fields if isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.concat") \
+        and isinstance(value.args[0], relax.Tuple) else [expr]
+    dims: list = []
+    for field in fields:
+        width = static_dims(getattr(field, "ty", None))
+        if width is None or len(width) != 1:
+            return None
+        dims += shape_values(bb, field) or [None] * width[0]
+    if len(dims) != length[0]:
+        return None
+    if any(d is None for d in dims):
+        dims = [tirx.Var(f"{name}_{k}", "int64") if d is None else d for k, d in enumerate(dims)]
+        shape = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.astype(expr, "int64"))))
+        bb.match_cast(shape, relax.ShapeType(dims))
+    return dims
 
 
 def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -161,23 +190,63 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         if all(b == 0 and (e >= 2**62 or isinstance(dims[a], tirx.IntImm) and e >= int(dims[a]))
                for a, b, e in zip(axes, starts, ends)):
             return data
-    if dims is not None and starts is not None and ends is None and (steps is None or set(steps) == {1}):
-        # an end computed from run-time sizes (torchvision's split of the boxes per image):
-        # sliced by the sizes' expression, its length then known as one
+    given = [optional_input(inputs, i, params) is not None for i in (3, 4)]  # axes, steps
+    if dims is not None and (starts is None or ends is None) and (axes is not None or not given[0]) \
+            and (steps is None or set(steps) == {1}):
         from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
 
-        until = shape_values(bb, inputs[2])
-        if until is not None and len(until) == len(starts):
-            axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
-            return relax.op.strided_slice(data, axes, starts, until)
-    # starts or ends computed at run time (Mask R-CNN pasting each mask in its box): a slice of
-    # a shape TVM leaves unknown, the sizes along the axes sliced named, the others the input's
-    sliced = stock("Slice")._impl_v13(bb, inputs, attr, params)
-    known = None
-    if dims is not None and axes is not None:
-        cut = {a % len(dims) for a in axes}
-        known = [None if a in cut else d for a, d in enumerate(dims)]
-    return sizes_named(bb, sliced, str(attr.get("tvm_custom", {}).get("name", "slice")), known)
+        # starts or ends computed at run time from sizes (torchvision's split of the boxes per
+        # image): sliced by the sizes' expressions, its length then known as one
+        begin = starts if starts is not None else shape_values(bb, inputs[1])
+        end = ends if ends is not None else shape_values(bb, inputs[2])
+        if begin is not None and end is not None and len(begin) == len(end):
+            axes = [a % len(dims) for a in (axes if axes is not None else range(len(begin)))]
+            begin, end = ([_counted_from_start(v, dims[a]) for v, a in zip(bounds, axes)] for bounds in (begin, end))
+            return relax.op.strided_slice(data, axes, begin, end)
+        # or read from the data (Mask R-CNN pasting each mask in its box)
+        width = static_dims(getattr(inputs[1], "ty", None))
+        if width is not None and len(width) == 1 and (axes is None or len(axes) == width[0]):
+            axes = [a % len(dims) for a in (axes if axes is not None else range(width[0]))]
+            name = str(attr.get("tvm_custom", {}).get("name", "slice"))
+            return _slice_by_data(bb, data, inputs[1], inputs[2], axes, name)
+    return stock("Slice")._impl_v13(bb, inputs, attr, params)
+
+
+def _counted_from_start(bound, extent: tirx.PrimExpr) -> tirx.PrimExpr:
+    """A slice bound that is an expression of sizes, as the non-negative index ONNX makes of it
+    (a negative one counts from the end). TVM's inference wrote the result's length with
+    if_then_else(bound < 0, ...) where it could not prove the sign (after types were inferred
+    again, Mask R-CNN's detections, min(1000, n)), which FuseOps could not normalise."""
+    if isinstance(bound, (int, tirx.IntImm)):
+        return bound
+    return tirx.max(tirx.Select(bound < 0, bound + extent, bound), tirx.IntImm("int64", 0))
+
+
+def _slice_by_data(bb: relax.BlockBuilder, data: relax.Expr, starts: relax.Expr, ends: relax.Expr,
+                   axes: list[int], name: str) -> relax.Expr:
+    """`data` sliced along `axes` (step 1) by bounds read from the data. The bounds are clamped
+    into the axes as ONNX clamps them (a negative bound counts from the end; the end no lower
+    than the start), then bound at run time to fresh sizes `name`_start_k and `name`_end_k, so
+    the result's length is end - start. TVM's dynamic_strided_slice typed it by rank alone (no
+    Shape of it imported), and FoldConstant left a dangling call of its shape function; a
+    strided_slice by the sizes unclamped typed it with if_then_else of their signs, which
+    FuseOps could not normalise."""
+    shape = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr(list(data.ty.shape.values))))
+    extent = bb.normalize(relax.op.take(shape, relax.const(np.array(axes, "int64")), axis=0))
+
+    def clamped(bound: relax.Expr, low: relax.Expr) -> relax.Expr:
+        bound = bb.normalize(relax.op.astype(shape_tensor(bound), "int64"))
+        counted = relax.op.where(relax.op.less(bound, relax.const(0, "int64")), relax.op.add(bound, extent), bound)
+        return bb.normalize(relax.op.minimum(relax.op.maximum(counted, low), extent))
+
+    first = clamped(starts, relax.const(0, "int64"))
+    last = clamped(ends, first)
+    k = len(axes)
+    begin = [tirx.Var(f"{name}_start_{i}", "int64") for i in range(k)]
+    end = [tirx.Var(f"{name}_end_{i}", "int64") for i in range(k)]
+    bounds = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.concat([first, last], 0))))
+    bb.match_cast(bounds, relax.ShapeType(begin + end))
+    return relax.op.strided_slice(data, axes, begin, end, assume_inbound=True)
 
 
 def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -200,25 +269,28 @@ def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
 
 
 def _concat_tensors(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """Concat of tensors; where TVM cannot prove their sizes off the axis equal (expressions of
-    run-time sizes: Mask R-CNN's loop appends each pasted mask, [1, expression of its box, ...],
-    to the masks so far, [n, h, w]), it types the result by rank alone and no kernel
-    legalises. ONNX has those sizes equal: each input is cast to the first's sizes there (a
-    static size where one has it), checked at run time."""
-    joined = bb.normalize(stock("Concat")._impl_v13(bb, inputs, attr, params))
-    ty = joined.ty
+    """Concat of tensors whose sizes off the axis are expressions of run-time sizes (Mask
+    R-CNN's paste of each mask: zeros beside the mask cropped to the image, min(320, a + b + c)
+    rows; its loop appending each pasted mask to the masks so far). TVM may not prove them
+    equal, at import or when it infers their types again later knowing no size non-negative
+    (the crop then has max(min(320, a + b + c), 0) rows), then types the result by rank alone,
+    and no kernel legalises. ONNX has those sizes equal: each input is cast to common sizes
+    there (a static size where one has it, else the first's), checked at run time; a cast's
+    type stays as declared."""
     dims = [list(x.ty.shape.values) if isinstance(getattr(getattr(x, "ty", None), "shape", None), relax.ShapeExpr)
             else None for x in inputs]
-    if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0 or len(inputs) < 2 \
-            or any(d is None or len(d) != ty.ndim for d in dims):
-        return joined
-    axis = int(attr.get("axis", 0)) % ty.ndim
-    common = [next((d[k] for d in dims if isinstance(d[k], tirx.IntImm)), dims[0][k]) for k in range(ty.ndim)]
-    cast = [x if all(k == axis or tvm_ffi.structural_equal(d[k], common[k]) for k in range(ty.ndim))
-            else bb.match_cast(x, relax.TensorType([d[axis] if k == axis else common[k] for k in range(ty.ndim)],
-                                                    x.ty.dtype))
+    if len(inputs) < 2 or any(d is None or len(d) != len(dims[0]) for d in dims) or not dims[0]:
+        return stock("Concat")._impl_v13(bb, inputs, attr, params)
+    rank = len(dims[0])
+    axis = int(attr.get("axis", 0)) % rank
+    common = [next((d[k] for d in dims if isinstance(d[k], tirx.IntImm)), dims[0][k]) for k in range(rank)]
+    simple = all(isinstance(d[k], (tirx.IntImm, tirx.Var)) for d in dims for k in range(rank) if k != axis)
+    if simple and all(tvm_ffi.structural_equal(d[k], common[k]) for d in dims for k in range(rank) if k != axis):
+        return stock("Concat")._impl_v13(bb, inputs, attr, params)
+    cast = [bb.match_cast(x, relax.TensorType([d[axis] if k == axis else common[k] for k in range(rank)],
+                                              x.ty.dtype))
             for x, d in zip(inputs, dims)]
-    return relax.op.concat(cast, axis)
+    return stock("Concat")._impl_v13(bb, cast, attr, params)
 
 
 def _range(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
@@ -282,5 +354,6 @@ CONVERTERS: dict[str, type] = {
     "Slice": converter("Slice", {13: _slice}),
     "Range": converter("Range", {11: _range}),
     "Concat": converter("Concat", {13: _concat}),  # the stock one's only version
-    **{op: _sizes_beside_tensors(op) for op in ("Add", "Sub", "Mul", "Div", "Mod")},
+    **{op: _sizes_beside_tensors(op) for op in ("Add", "Sub", "Mul", "Div", "Mod", "Greater", "Less",
+                                                "GreaterOrEqual", "LessOrEqual")},
 }

@@ -186,8 +186,12 @@ def test_a_tensor_also_reachable_through_a_tuple_is_not_overwritten(aliased):
     assert calls == (["mul"] if aliased else ["add", "mul"])  # c is dead after the last call
 
 
-def test_a_kernel_another_function_calls_too_is_left_out_of_place():
-    # only main's calls are analysed; rewriting the kernel would change another function's call
+@pytest.mark.parametrize("in_branch", [False, True])
+def test_a_kernel_another_function_calls_too_is_left_out_of_place(in_branch):
+    # only main's calls are analysed; rewriting the kernel would change another function's call.
+    # `in_branch`: the other function calls it inside an If's branch (a loop's function calls its
+    # counter's increment so): once missed, the kernel went in-place and that call failed at run
+    # time ("Expected 1 arguments")
     from tvm import te
 
     xs = [te.placeholder((N, N), name=f"x{i}") for i in range(2)]
@@ -196,7 +200,7 @@ def test_a_kernel_another_function_calls_too_is_left_out_of_place():
     add = bb.add_func(add_kernel, "add")
     exp = bb.add_func(te.create_prim_func([xs[0], te.compute((N, N), lambda i, j: te.exp(xs[0][i, j]), name="e")]), "exp")
     ty = relax.TensorType((N, N), "float32")
-    for name in ("main", "other"):
+    for name in ("main",) if in_branch else ("main", "other"):
         x = relax.Var("x", ty)
         with bb.function(name, [x]):
             with bb.dataflow():
@@ -204,6 +208,12 @@ def test_a_kernel_another_function_calls_too_is_left_out_of_place():
                 out = bb.emit_output(relax.call_tir(add, [a, x], ty))  # `a` is dead: main's may run in place
             bb.emit_func_output(out)
     mod = bb.get()
+    if in_branch:
+        x, flag, y, v = relax.Var("x", ty), relax.Var("flag", relax.TensorType((), "bool")), relax.Var("y", ty), \
+            relax.Var("v", ty)
+        then = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(y, relax.call_tir(add, [x, x], ty))])], y)
+        body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(v, relax.If(flag, then, relax.SeqExpr([], x)))])], v)
+        mod[relax.GlobalVar("other")] = relax.Function([x, flag], body, ty)
     assert _in_place_calls(reuse_dead_inputs(mod, mod)) == []
     assert _in_place_calls(reuse_dead_inputs(tvm.IRModule({gv: f for gv, f in mod.functions.items()
                                                             if gv.name_hint != "other"}), mod)) == ["add"]

@@ -25,6 +25,7 @@ from autofuse.measure import IsolatedMeasurer
 from autofuse.space import SearchSpace
 from autofuse.workload import prepare
 from tests.onnx_import import check_against_onnxruntime
+from tests.onnx_import import import_and_run
 
 ANCHORS = 256
 
@@ -307,17 +308,20 @@ def test_a_run_time_k_is_bounded_only_by_a_modest_constant():
     assert _largest(tirx.min(tirx.IntImm("int64", MAX_TOP_K + 1), n)) is None
 
 
-@pytest.mark.parametrize("op", ["Sub", "Add", "Mul", "Div", "Mod"])
+@pytest.mark.parametrize("op", ["Sub", "Add", "Mul", "Div", "Mod", "Greater", "Less", "GreaterOrEqual",
+                                "LessOrEqual"])
 def test_arithmetic_of_a_size_and_a_scalar_tensor_keeps_the_scalar_rank(tmp_path, op):
     # Mask R-CNN's image padding, ceil(h / 32) * 32 - h with h read from a shape: TVM's converters
     # made the size a [1] tensor, the result [1] where ONNX has a scalar, and the Concat of such
-    # values unsqueezed failed to import ("Concat expects all input tensors to have same ndim")
+    # values unsqueezed failed to import ("Concat expects all input tensors to have same ndim").
+    # A comparison of a size failed to import ("Cannot use and / or / not operator to Expr")
     nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
              helper.make_node("Cast", ["m"], ["mi"], to=TensorProto.INT64),
              helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Gather", ["shape", "one"], ["h"], axis=0),
              helper.make_node(op, ["mi", "h"], ["d"]),
-             helper.make_node("Unsqueeze", ["d", "zero"], ["u"]),
+             helper.make_node("Cast", ["d"], ["di"], to=TensorProto.INT64),  # (a comparison's bool)
+             helper.make_node("Unsqueeze", ["di", "zero"], ["u"]),
              helper.make_node("Concat", ["seven", "u"], ["y"], axis=0)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
                               [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
@@ -421,10 +425,17 @@ def test_a_slice_from_a_run_time_value_has_its_sizes_named(tmp_path):
                         helper.make_node("ConstantOfShape", ["shape_sized"], ["after"], value=zero),
                         helper.make_node("Concat", ["begin", "width"], ["data_sized"], axis=0),
                         helper.make_node("ConstantOfShape", ["data_sized"], ["before"], value=zero),
-                        helper.make_node("Concat", ["before", "tail", "after"], ["y"], axis=0)], TensorProto.FLOAT,
-                       extra={"six": np.array([6], "int64")})
-    for count, y in _counted(model, tmp_path):
-        assert y.shape == (12 - count, 3)
+                        # the last `begin` rows: a negative start counts from the end (-0: all rows)
+                        helper.make_node("Neg", ["begin"], ["from_end"]),
+                        helper.make_node("Slice", ["scores", "from_end", "huge", "v0"], ["last"]),
+                        helper.make_node("Concat", ["before", "tail", "after", "last"], ["y"], axis=0)],
+                       TensorProto.FLOAT, extra={"six": np.array([6], "int64"), "huge": np.array([2**63 - 1])})
+    results = dict(_counted(model, tmp_path))
+    assert all(y.shape == (12 - count + (count or 6), 3) for count, y in results.items())
+    # and fused as TVM fuses (its FuseOps failed on the slice's length as TVM expressed it)
+    _, _, fused = import_and_run(model, tmp_path, plan="tvm_default",
+                                 feeds=[np.array(COUNTS[0], "float32"), SCORES])
+    np.testing.assert_array_equal(fused[0], results[3])
 
 
 def test_a_concat_of_sizes_equal_only_at_run_time_is_typed_by_the_first(tmp_path):
@@ -442,3 +453,31 @@ def test_a_concat_of_sizes_equal_only_at_run_time_is_typed_by_the_first(tmp_path
                        extra={"six": np.array([6], "int64"), "two": np.array([2], "int64")})
     for count, y in _counted(model, tmp_path):
         assert y.shape == (6 - count, 5)
+
+
+def test_a_crop_of_run_time_sizes_keeps_its_type_when_types_are_inferred_again(tmp_path):
+    # Mask R-CNN crops each pasted mask to the image, min(320, pad + mask + pad) rows, and pads its
+    # columns with zeros as many rows as the crop has. Its graph holds an If (no dataflow block at
+    # import), so types are inferred again later, where TVM knows no size non-negative: the crop
+    # became max(min(320, ...), 0) rows, not provably the zeros' rows, and the concat had no shape
+    zero = numpy_helper.from_array(np.array([0.0], "float32"))
+    same = [helper.make_node("Identity", ["joined"], ["out"])]
+    branch = helper.make_graph(same, "branch", [], [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    model = _over_half([helper.make_node("Cast", ["over"], ["flags"], to=TensorProto.INT64),
+                        helper.make_node("ReduceSum", ["flags"], ["begin"], keepdims=1),
+                        helper.make_node("Slice", ["scores", "begin", "six", "v0"], ["tail"]),
+                        helper.make_node("Concat", ["begin", "three1"], ["pad_shape"], axis=0),
+                        helper.make_node("ConstantOfShape", ["pad_shape"], ["pad"], value=zero),
+                        helper.make_node("Concat", ["pad", "tail"], ["padded"], axis=0),
+                        helper.make_node("Slice", ["padded", "v0", "four", "v0"], ["crop"]),
+                        helper.make_node("Shape", ["crop"], ["crop_shape"]),
+                        helper.make_node("Gather", ["crop_shape", "v0"], ["crop_rows"], axis=0),
+                        helper.make_node("Concat", ["crop_rows", "two1"], ["side_shape"], axis=0),
+                        helper.make_node("ConstantOfShape", ["side_shape"], ["side"], value=zero),
+                        helper.make_node("Concat", ["crop", "side"], ["joined"], axis=1),
+                        helper.make_node("Greater", ["count", "i0"], ["any"]),  # (a detector's "any box left")
+                        helper.make_node("If", ["any"], ["y"], then_branch=branch, else_branch=branch)],
+                       TensorProto.FLOAT, extra={"six": np.array([6], "int64"), "four": np.array([4], "int64"),
+                                                 "three1": np.array([3], "int64"), "two1": np.array([2], "int64")})
+    for count, y in _counted(model, tmp_path):
+        assert y.shape == (4, 5)
