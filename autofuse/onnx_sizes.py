@@ -104,10 +104,21 @@ def size_tensor(x: relax.Expr, dtype: str = "int64") -> relax.Expr:
     return scalar if dtype == "int64" else relax.op.astype(scalar, dtype)
 
 
+def scalar_tensor(x: relax.Expr, dtype: str) -> relax.Expr | None:
+    """A scalar operand the frontend made a PrimValue, as a 0-d tensor of `dtype`: a size
+    (is_size), or a number (TVM's frontend folds float scalars computed from sizes, Mask R-CNN's
+    30 / 28, into float immediates); None for anything else (not a PrimValue, or a float
+    expression of sizes)."""
+    if isinstance(x, (tirx.IntImm, tirx.FloatImm)):
+        return relax.const(np.array(x.value, dtype), dtype)
+    return size_tensor(x, dtype) if is_size(x) else None
+
+
 def _sizes_beside_tensors(op: str) -> type:
-    """`op` (elementwise arithmetic or a comparison) with a size beside a tensor taking it as a
-    0-d tensor of the tensor's type (a comparison of one failed to import: "Cannot use and / or /
-    not operator to Expr"). The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
+    """`op` (elementwise arithmetic or a comparison) with a size or a number folded into a
+    PrimValue (scalar_tensor) beside a tensor taking it as a 0-d tensor of the tensor's type (a
+    comparison of one failed to import: "Cannot use and / or / not operator to Expr"; TVM's
+    ConvertLayout segfaults on a PrimValue operand). The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
     ceil(h / 32) * 32 - h with h a resized image's height, came out [1] where ONNX has a scalar,
     and a Concat of such values unsqueezed failed ("Concat expects all input tensors to have same
     ndim"). Sizes alone stay arithmetic on sizes (shapes stay static where they can)."""
@@ -116,9 +127,9 @@ def _sizes_beside_tensors(op: str) -> type:
     def with_tensors(impl):
         def convert(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
             tensors = [x for x in inputs if isinstance(getattr(x, "ty", None), relax.TensorType)]
-            if tensors and any(is_size(x) for x in inputs):
-                dtype = str(tensors[0].ty.dtype)
-                inputs = [bb.normalize(size_tensor(x, dtype)) if is_size(x) else x for x in inputs]
+            scalars = [scalar_tensor(x, str(tensors[0].ty.dtype)) if tensors else None for x in inputs]
+            if any(t is not None for t in scalars):
+                inputs = [x if t is None else bb.normalize(t) for x, t in zip(inputs, scalars)]
             return impl(bb, inputs, attr, params)
         return convert
 

@@ -24,8 +24,7 @@ from tvm import relax
 from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
 from autofuse.graph import OpNode
-from autofuse.onnx_sizes import is_size
-from autofuse.onnx_sizes import size_tensor
+from autofuse.onnx_sizes import scalar_tensor
 from autofuse.plan import FusionPlan
 from autofuse.schedule import SERIAL_INNER
 from autofuse.schedule import whole_tile_rows
@@ -368,8 +367,8 @@ class _LayoutRewriter(relax.PyExprMutator):
         name, x = call.op.name, call.args[0] if call.args else None
         dtype = str(getattr(getattr(x, "ty", None), "dtype", ""))
         emit = self.builder_.normalize
-        if name in _ELEMENTWISE_BINARY and any(is_size(a) for a in call.args) \
-                and not all(is_size(a) for a in call.args):  # sizes alone: arithmetic on sizes
+        scalar = [isinstance(getattr(a, "ty", None), tvm.ir.PrimType) for a in call.args]
+        if name in _ELEMENTWISE_BINARY and any(scalar) and not all(scalar):  # scalars alone: arithmetic on them
             return self._tensor_operands(call)
         if name == "relax.clip" and dtype.startswith("float"):  # min(max(x, lo), hi)
             lo, hi = (float(getattr(a.value, "value", a.value)) for a in call.args[1:3])
@@ -400,17 +399,24 @@ class _LayoutRewriter(relax.PyExprMutator):
             # a cast to the type it has: a copy kernel (a float16 model's casts, computed in
             # float32 on the CPU by onnx_float16, become these)
             return x
+        if name == "relax.split" and not isinstance(call.ty, relax.TupleType):
+            # a split into one part (torchvision's split of the boxes per image, one image) is
+            # its input: the split's layout rule fails on it ("out_tuple != nullptr"), and
+            # Mask R-CNN's backbone stayed channels-first
+            return x
         return call
 
     def _tensor_operands(self, call: relax.Call) -> relax.Expr:
-        """A binary op with a size read from a shape (a PrimValue) as an operand, the size a 0-d
-        tensor of the other operand's type instead: TVM 0.27's ConvertLayout crashes (a
-        segfault) on a PrimValue operand (Keypoint R-CNN's `argmax % width`, the width a
-        heatmap's, resized at run time)."""
+        """A binary op with a scalar PrimValue as an operand (a size read from a shape, or a
+        number: onnx_sizes.scalar_tensor), the scalar a 0-d tensor of the other operand's type
+        instead: TVM 0.27's ConvertLayout crashes (a segfault) on a PrimValue operand (Keypoint
+        R-CNN's `argmax % width`, the width a heatmap's, resized at run time)."""
         emit = self.builder_.normalize
-        dtype = str(next(a for a in call.args if not is_size(a)).ty.dtype)
-        args = [emit(size_tensor(a, dtype)) if is_size(a) else a for a in call.args]
-        return emit(relax.Call(call.op, args, call.attrs))
+        dtype = str(next(a for a in call.args if isinstance(a.ty, relax.TensorType)).ty.dtype)
+        tensors = [a if isinstance(a.ty, relax.TensorType) else scalar_tensor(a, dtype) for a in call.args]
+        if any(t is None for t in tensors):
+            return call
+        return emit(relax.Call(call.op, [emit(t) for t in tensors], call.attrs))
 
     def _full_rank_operands(self, call: relax.Call) -> relax.Expr:
         """A binary op whose operand of lower rank is computed at run time, reshaped to the other's

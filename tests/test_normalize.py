@@ -470,8 +470,9 @@ def test_a_block_the_layout_pass_fails_on_keeps_its_layout_and_the_others_change
 
 def test_a_size_beside_a_tensor_in_a_module_given_directly_becomes_a_tensor():
     # TVM's ConvertLayout segfaulted on a binary op with a size (a PrimValue) as an operand
-    # (Keypoint R-CNN's `argmax % width`); the ONNX import now makes such sizes tensors itself,
-    # a Relax module handed over as it is goes through LayoutFriendlyOps
+    # (Keypoint R-CNN's `argmax % width`), or a number (Mask R-CNN's 30 / 28, folded by TVM's
+    # frontend into a float immediate); the ONNX import now makes such scalars tensors itself, a
+    # Relax module handed over as it is goes through LayoutFriendlyOps
     k = tirx.Var("k", "int64")
     x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
     idx = relax.Var("idx", relax.TensorType([k], "int64"))
@@ -480,12 +481,35 @@ def test_a_size_beside_a_tensor_in_a_module_given_directly_becomes_a_tensor():
         with bb.dataflow():
             conv = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((4, 4, 3, 3), "float32")), padding=1))
             column = bb.emit(relax.op.floor_mod(idx, relax.prim_value(k)))
-            out = bb.emit_output(relax.Tuple([conv, column]))
+            scaled = bb.emit(relax.op.multiply(conv, relax.prim_value(tirx.FloatImm("float32", 2.0))))
+            out = bb.emit_output(relax.Tuple([conv, column, scaled]))
         bb.emit_func_output(out)
     normal = normalize(bb.get())
     xs = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype("float32")
     got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [xs, np.array([3, 9, 5], "int64")])
     np.testing.assert_array_equal(got[1], np.array([0, 0, 2]))
+    np.testing.assert_array_equal(got[2], got[0] * 2)
+
+
+@pytest.mark.parametrize("parts", [[], 1])
+def test_a_split_into_one_part_lets_the_block_go_channels_last(parts):
+    # torchvision splits the boxes per image; with one image, a split into one part, which TVM
+    # types as its input (no tuple), and its layout rule then failed ("out_tuple != nullptr"):
+    # Mask R-CNN's whole backbone stayed channels-first
+    x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((4, 4, 3, 3), "float32")), padding=1))
+            part = bb.emit(relax.op.split(conv, parts, axis=1))
+            out = bb.emit_output(relax.op.nn.relu(part))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    notes: list[str] = []
+    normal = normalize(mod, notes)
+    assert not notes and _transposes(normal) == 2  # the input's and the output's only
+    _assert_computes_as_legalized(normal, mod, np.random.default_rng(5).standard_normal((1, 4, 8, 8)).astype("float32"),
+                                  1e-5)
 
 
 def test_a_block_over_a_run_time_count_of_images_goes_channels_last_and_runs():

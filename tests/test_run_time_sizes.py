@@ -13,14 +13,17 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 import pytest
+from tvm import tirx
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
 
 from autofuse import onnx_nms
+from autofuse import tvm_bridge
 from autofuse import plan as plan_rules
 from autofuse.build import MeasureConfig
 from autofuse.importer import InputSpec
+from autofuse.importer import load_model
 from autofuse.measure import IsolatedMeasurer
 from autofuse.space import SearchSpace
 from autofuse.workload import prepare
@@ -297,7 +300,6 @@ def test_top_k_before_opset_10_still_takes_k_from_its_attribute(tmp_path):
 
 def test_a_run_time_k_is_bounded_only_by_a_modest_constant():
     """min(1000, n) keeps the best 1000; n alone, or a bound too large to allocate, sorts all."""
-    from tvm import tirx
 
     from autofuse.onnx_sizes import MAX_TOP_K
     from autofuse.onnx_sizes import _largest
@@ -332,6 +334,28 @@ def test_arithmetic_of_a_size_and_a_scalar_tensor_keeps_the_scalar_rank(tmp_path
     x = np.array([[3, 9, 1, 4, 2], [8, 0, 6, 5, 7]], "float32")
     _, got = check_against_onnxruntime(model, tmp_path, feeds=[x])
     assert got[0].shape == (2,)
+
+
+@pytest.mark.parametrize("op", ["Div", "Mul", "Less"])
+def test_a_float_size_beside_a_tensor_becomes_a_tensor(tmp_path, op):
+    # Mask R-CNN scales each box by 30 / 28, the 28 a static mask's width read from its shape and
+    # cast to float: TVM's frontend folds it into a float immediate (a PrimValue), on which its
+    # ConvertLayout then segfaulted; it is a 0-d tensor beside the tensor now
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["w"], axis=0),
+             helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node(op, ["m", "wf"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.BOOL if op == "Less" else TensorProto.FLOAT,
+                                                             None)],
+                              [numpy_helper.from_array(np.array(1, "int64"), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([[3, 9, 1, 4, 2], [8, 0, 6, 5, 7]], "float32")
+    _, got = check_against_onnxruntime(model, tmp_path, feeds=[x])
+    assert got[0].shape == ()
+    imported = load_model(tmp_path / "model.onnx", simplify=False).mod
+    assert not [a for c in tvm_bridge._relax_calls(imported) for a in c.args if isinstance(a, tirx.FloatImm)]
 
 
 # values of x over 0.5: three of them, none, all (the count NonZero gives, a run-time size)
