@@ -147,10 +147,10 @@ def chunked_candidates(
     rows = row_axes(func)
     if rows is None or relax.analysis.has_reshape_pattern(func) or not rows_independent(rows):
         return  # a reshape stays as it is: the VM makes it a view of its input, no kernel at all
-    # a chunk no larger than n can be: Keypoint R-CNN's head runs on min(20, detections) rows
-    big_rows = min(CHUNK_ROWS, rows.analyzer.const_int_bound(rows.n).max_value)
-    chunk = _at_rows(rows, big_rows)
-    small = _at_rows(rows, SMALL_ROWS) if big_rows > SMALL_ROWS else None
+    big_rows, size = _chunk_rows(rows, CHUNK_ROWS)
+    chunk = _at_rows(rows, big_rows, size)
+    small_rows, small_size = _chunk_rows(rows, SMALL_ROWS)
+    small = _at_rows(rows, small_rows, small_size) if small_rows < big_rows else None
     small = next(static_candidates(small), None) if small is not None else None
     n = rows.n
     for big in static_candidates(chunk) if chunk is not None else ():
@@ -175,10 +175,34 @@ def chunked_candidates(
         yield out.with_attr(PACKED_ATTR, packed) if packed else out
 
 
-def _at_rows(rows: Rows, count: int) -> tirx.PrimFunc | None:
-    """The kernel with n fixed at `count`, its parameters the kernel's buffers in order (sizes
-    passed as scalars fixed, and gone), or None where n cannot be fixed at `count` (min(50, s)
-    is never 64)."""
+def _chunk_rows(rows: Rows, limit: int) -> tuple[int, int | None]:
+    """(rows of a chunk, the value of the size n is computed from that gives it, None where n is
+    the rows themselves): as many rows as n can be up to `limit` (Keypoint R-CNN's head runs on
+    min(20, detections) rows: 20), or where n is never so few, the fewest it can be (Mask
+    R-CNN's upsampling matmul runs on min(20, detections) * 196 rows: one detection's 196)."""
+    bound = rows.analyzer.const_int_bound(rows.n).max_value
+    scalars = [p for p in rows.func.params if not isinstance(p.ty, tirx.BufferType)]
+    if len(scalars) != 1:
+        return min(limit, bound), None
+    size = scalars[0]
+    counts: dict[int, int] = {}  # rows -> the smallest value of the size giving them
+    for value in range(1, limit + 1):
+        at = Analyzer()
+        at.bind(size, tirx.IntImm(size.ty.dtype, value))
+        count = at.simplify(rows.n)
+        if isinstance(count, tirx.IntImm) and int(count) > 0:
+            counts.setdefault(int(count), value)
+    if not counts:
+        return min(limit, bound), None
+    within = [c for c in counts if c <= limit]
+    count = max(within) if within else min(counts)
+    return count, counts[count]
+
+
+def _at_rows(rows: Rows, count: int, size: int | None = None) -> tirx.PrimFunc | None:
+    """The kernel with n fixed at `count`, its parameters the kernel's buffers in order (the size
+    passed as a scalar fixed at `size`, default `count`, and gone), or None where n cannot be
+    fixed at `count` (min(50, s) is never 64)."""
     from autofuse.schedule import LAYOUT_FREE_ATTR
     from autofuse.schedule import static_buffers
 
@@ -186,7 +210,7 @@ def _at_rows(rows: Rows, count: int) -> tirx.PrimFunc | None:
     if scalars:
         if len(scalars) > 1:
             return None
-        fixed = func.specialize({scalars[0]: tirx.IntImm(scalars[0].ty.dtype, count)})
+        fixed = func.specialize({scalars[0]: tirx.IntImm(scalars[0].ty.dtype, count if size is None else size)})
     elif isinstance(rows.n, tirx.Var):
         fixed = func.specialize({func.params[k]: _static(func.params[k], d, count) for k, d in rows.axes.items()})
     else:
