@@ -116,12 +116,13 @@ def scalar_tensor(x: relax.Expr, dtype: str) -> relax.Expr | None:
 
 def _sizes_beside_tensors(op: str) -> type:
     """`op` (elementwise arithmetic or a comparison) with a size or a number folded into a
-    PrimValue (scalar_tensor) beside a tensor taking it as a 0-d tensor of the tensor's type (a
-    comparison of one failed to import: "Cannot use and / or / not operator to Expr"; TVM's
-    ConvertLayout segfaults on a PrimValue operand). The stock converters make it a 1-element tensor: Mask R-CNN's image padding,
-    ceil(h / 32) * 32 - h with h a resized image's height, came out [1] where ONNX has a scalar,
-    and a Concat of such values unsqueezed failed ("Concat expects all input tensors to have same
-    ndim"). Sizes alone stay arithmetic on sizes (shapes stay static where they can)."""
+    PrimValue (scalar_tensor) beside a tensor taking it as a 0-d tensor of the tensor's type. The
+    stock converters make a size a 1-element tensor: Mask R-CNN's image padding, ceil(h / 32) * 32
+    - h with h a resized image's height, came out [1] where ONNX has a scalar, and a Concat of
+    such values unsqueezed failed ("Concat expects all input tensors to have same ndim"); a
+    comparison of one failed to import ("Cannot use and / or / not operator to Expr"); TVM's
+    ConvertLayout segfaults on a PrimValue operand. Sizes alone stay arithmetic on sizes (shapes
+    stay static where they can)."""
     cls = stock(op)
 
     def with_tensors(impl):
@@ -201,9 +202,9 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         if all(b == 0 and (e >= 2**62 or isinstance(dims[a], tirx.IntImm) and e >= int(dims[a]))
                for a, b, e in zip(axes, starts, ends)):
             return data
-    given = [optional_input(inputs, i, params) is not None for i in (3, 4)]  # axes, steps
+    given = [optional_input(inputs, i, params) is not None for i in (3, 4)]  # axes, steps (constant or not)
     if dims is not None and (starts is None or ends is None) and (axes is not None or not given[0]) \
-            and (steps is None or set(steps) == {1}):
+            and (steps is not None and set(steps) == {1} or not given[1]):
         from autofuse.onnx_corrections import shape_values  # (onnx_corrections imports this module)
 
         # starts or ends computed at run time from sizes (torchvision's split of the boxes per
@@ -239,9 +240,9 @@ def _slice_by_data(bb: relax.BlockBuilder, data: relax.Expr, starts: relax.Expr,
     into the axes as ONNX clamps them (a negative bound counts from the end; the end no lower
     than the start), then bound at run time to fresh sizes `name`_start_k and `name`_end_k, so
     the result's length is end - start. TVM's dynamic_strided_slice typed it by rank alone (no
-    Shape of it imported), and FoldConstant left a dangling call of its shape function; a
-    strided_slice by the sizes unclamped typed it with if_then_else of their signs, which
-    FuseOps could not normalise."""
+    Shape of it imported), and FoldConstant left a dangling call of its shape function; TVM's
+    strided_slice by the sizes unclamped clamps each bound into the axis but not the end to the
+    start (a negative length)."""
     shape = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr(list(data.ty.shape.values))))
     extent = bb.normalize(relax.op.take(shape, relax.const(np.array(axes, "int64")), axis=0))
 
@@ -280,14 +281,11 @@ def _concat(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> r
 
 
 def _concat_tensors(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> relax.Expr:
-    """Concat of tensors whose sizes off the axis are expressions of run-time sizes (Mask
-    R-CNN's paste of each mask: zeros beside the mask cropped to the image, min(320, a + b + c)
-    rows; its loop appending each pasted mask to the masks so far). TVM may not prove them
-    equal, at import or when it infers their types again later knowing no size non-negative
-    (the crop then has max(min(320, a + b + c), 0) rows), then types the result by rank alone,
-    and no kernel legalises. ONNX has those sizes equal: each input is cast to common sizes
-    there (a static size where one has it, else the first's), checked at run time; a cast's
-    type stays as declared."""
+    """Concat of tensors whose sizes off the axis are different expressions of run-time sizes
+    (Mask R-CNN's loop appends each pasted mask, [1, (expressions of its box), ...], to the masks
+    so far, [n, h, w]). TVM cannot prove them equal, types the result by rank alone, and no
+    kernel legalises it. ONNX has those sizes equal: each input is cast to common sizes there (a
+    static size where one has it, else the first's), checked at run time."""
     dims = [list(x.ty.shape.values) if isinstance(getattr(getattr(x, "ty", None), "shape", None), relax.ShapeExpr)
             else None for x in inputs]
     if len(inputs) < 2 or any(d is None or len(d) != len(dims[0]) for d in dims) or not dims[0]:
@@ -295,11 +293,9 @@ def _concat_tensors(bb: relax.BlockBuilder, inputs: list, attr: dict, params: li
     rank = len(dims[0])
     axis = int(attr.get("axis", 0)) % rank
     common = [next((d[k] for d in dims if isinstance(d[k], tirx.IntImm)), dims[0][k]) for k in range(rank)]
-    simple = all(isinstance(d[k], (tirx.IntImm, tirx.Var)) for d in dims for k in range(rank) if k != axis)
-    if simple and all(tvm_ffi.structural_equal(d[k], common[k]) for d in dims for k in range(rank) if k != axis):
-        return stock("Concat")._impl_v13(bb, inputs, attr, params)
-    cast = [bb.match_cast(x, relax.TensorType([d[axis] if k == axis else common[k] for k in range(rank)],
-                                              x.ty.dtype))
+    cast = [x if all(k == axis or tvm_ffi.structural_equal(d[k], common[k]) for k in range(rank))
+            else bb.match_cast(x, relax.TensorType([d[axis] if k == axis else common[k] for k in range(rank)],
+                                                    x.ty.dtype))
             for x, d in zip(inputs, dims)]
     return stock("Concat")._impl_v13(bb, cast, attr, params)
 
