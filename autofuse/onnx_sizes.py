@@ -213,7 +213,6 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
         end = ends if ends is not None else shape_values(bb, inputs[2])
         if begin is not None and end is not None and len(begin) == len(end):
             axes = [a % len(dims) for a in (axes if axes is not None else range(len(begin)))]
-            begin, end = ([_counted_from_start(v, dims[a]) for v, a in zip(bounds, axes)] for bounds in (begin, end))
             return relax.op.strided_slice(data, axes, begin, end)
         # or read from the data (Mask R-CNN pasting each mask in its box)
         width = static_dims(getattr(inputs[1], "ty", None))
@@ -222,16 +221,6 @@ def _slice(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) -> re
             name = str(attr.get("tvm_custom", {}).get("name", "slice"))
             return _slice_by_data(bb, data, inputs[1], inputs[2], axes, name)
     return stock("Slice")._impl_v13(bb, inputs, attr, params)
-
-
-def _counted_from_start(bound, extent: tirx.PrimExpr) -> tirx.PrimExpr:
-    """A slice bound that is an expression of sizes, as the non-negative index ONNX makes of it
-    (a negative one counts from the end). TVM's inference wrote the result's length with
-    if_then_else(bound < 0, ...) where it could not prove the sign (after types were inferred
-    again, Mask R-CNN's detections, min(1000, n)), which FuseOps could not normalise."""
-    if isinstance(bound, (int, tirx.IntImm)):
-        return bound
-    return tirx.max(tirx.Select(bound < 0, bound + extent, bound), tirx.IntImm("int64", 0))
 
 
 def _slice_by_data(bb: relax.BlockBuilder, data: relax.Expr, starts: relax.Expr, ends: relax.Expr,

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import tvm
 from tvm import relax
+from tvm import tirx
 
 from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
@@ -264,7 +265,7 @@ def _constant_array(expr: relax.Expr) -> np.ndarray | None:
     binary op takes either; Mask R-CNN's mask paste divides by a float PrimValue), else None."""
     if isinstance(expr, tvm.ir.expr.GenericConst):
         return expr.value.numpy()
-    if isinstance(expr, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+    if isinstance(expr, (tirx.FloatImm, tirx.IntImm)):
         return np.array(expr.value, str(expr.ty))
     return None
 
@@ -399,12 +400,38 @@ class _LayoutRewriter(relax.PyExprMutator):
             # a cast to the type it has: a copy kernel (a float16 model's casts, computed in
             # float32 on the CPU by onnx_float16, become these)
             return x
+        if name == "relax.strided_slice" and not call.attrs.assume_inbound:
+            return self._bounds_counted_from_start(call)
         if name == "relax.split" and not isinstance(call.ty, relax.TupleType):
             # a split into one part (torchvision's split of the boxes per image, one image) is
             # its input: the split's layout rule fails on it ("out_tuple != nullptr"), and
             # Mask R-CNN's backbone stayed channels-first
             return x
         return call
+
+    def _bounds_counted_from_start(self, call: relax.Call) -> relax.Expr:
+        """A strided slice with bounds that are expressions of sizes, each as the index from the
+        start it stands for, max(b < 0 ? b + extent : b, 0) (ONNX and TVM count a negative bound
+        from the end). TVM otherwise types the result with if_then_else(b < 0, ...) where it
+        cannot prove b's sign (Mask R-CNN's detections, min(1000, n)), and FuseOps then fails to
+        normalise that type ("Cannot find the FInferType attribute ... prim.if_then_else")."""
+        x, axes, *bounds = call.args
+        dims = getattr(getattr(x.ty, "shape", None), "values", None)
+        if dims is None or len(bounds) < 2 or not all(isinstance(b, relax.Tuple) for b in bounds[:2]):
+            return call
+        zero = tirx.IntImm("int64", 0)
+
+        def counted(b: object, axis: object) -> object:
+            if isinstance(b, tirx.IntImm) or not isinstance(getattr(b, "ty", None), tvm.ir.PrimType):
+                return b
+            extent = dims[int(axis) % len(dims)]
+            return tirx.max(tirx.Select(b < zero, b + extent, b), zero)
+
+        begin, end = ([counted(b, a) for b, a in zip(t.fields, axes.fields)] for t in bounds[:2])
+        if all(n.same_as(o) for n, o in zip(begin + end, list(bounds[0].fields) + list(bounds[1].fields))):
+            return call
+        return self.builder_.normalize(relax.Call(call.op, [x, axes, relax.Tuple(begin), relax.Tuple(end), *bounds[2:]],
+                                                  call.attrs))
 
     def _tensor_operands(self, call: relax.Call) -> relax.Expr:
         """A binary op with a scalar PrimValue as an operand (a size read from a shape, or a
@@ -462,7 +489,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         if not _plain_transposed(call):
             return call
         n, *rest = x.ty.shape.values  # n may be a run-time count (Keypoint R-CNN's detections)
-        if not all(isinstance(d, tvm.tirx.IntImm) for d in [*rest, *w.ty.shape.values]):
+        if not all(isinstance(d, tirx.IntImm) for d in [*rest, *w.ty.shape.values]):
             return call
         c, h, wd = (int(d) for d in rest)
         _, o, kh, kw = (int(d) for d in w.ty.shape.values)
@@ -492,7 +519,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         if not _plain_transposed(call) or not isinstance(w, tvm.ir.expr.GenericConst):
             return call
         n, *rest = x.ty.shape.values
-        if not all(isinstance(d, tvm.tirx.IntImm) for d in rest):
+        if not all(isinstance(d, tirx.IntImm) for d in rest):
             return call
         _, h, wd = (int(d) for d in rest)
         strides = [int(v) for v in a.strides]
@@ -576,7 +603,7 @@ class _LayoutRewriter(relax.PyExprMutator):
             return call
         y = emit(relax.op.round(emit(relax.op.divide(x, scale))))
         y = emit(relax.op.add(y, emit(relax.op.astype(zero, "float32"))))
-        lo, hi = (float(v) for v in (tvm.tirx.min_value(out_dtype).value, tvm.tirx.max_value(out_dtype).value))
+        lo, hi = (float(v) for v in (tirx.min_value(out_dtype).value, tirx.max_value(out_dtype).value))
         y = emit(relax.op.minimum(emit(relax.op.maximum(y, _c(lo, "float32"))), _c(hi, "float32")))
         cast = emit(relax.op.astype(y, out_dtype))
         if tvm.DataType(out_dtype).bits <= 16:  # a whole float of at most 16 bits converts exactly
@@ -771,7 +798,7 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
 
         def overwritten(old: tvm.te.Tensor, new: tvm.te.Tensor) -> tvm.te.Tensor:
             def element(*i):
-                return tvm.tirx.Select(i[axis] == at, new[(*i[:axis], 0, *i[axis + 1:])], old[i])
+                return tirx.Select(i[axis] == at, new[(*i[:axis], 0, *i[axis + 1:])], old[i])
 
             return tvm.te.compute(dims, element, name="T_scatter")
 
@@ -808,10 +835,10 @@ class _ConstantIndexRewriter(relax.PyExprMutator):
             def element(*i):
                 inside, at = [], []
                 for j in range(axes):
-                    k = tvm.tirx.indexdiv(i[j] - first[j], step[j])
-                    inside += [i[j] >= first[j], tvm.tirx.indexmod(i[j] - first[j], step[j]) == 0, k < counts[j]]
-                    at.append(tvm.tirx.min(tvm.tirx.max(k, 0), counts[j] - 1))  # in bounds where not read
-                return tvm.tirx.Select(tvm.tirx.all(*inside), new[(*at, *i[axes:])], old[i])
+                    k = tirx.indexdiv(i[j] - first[j], step[j])
+                    inside += [i[j] >= first[j], tirx.indexmod(i[j] - first[j], step[j]) == 0, k < counts[j]]
+                    at.append(tirx.min(tirx.max(k, 0), counts[j] - 1))  # in bounds where not read
+                return tirx.Select(tirx.all(*inside), new[(*at, *i[axes:])], old[i])
 
             return tvm.te.compute(dims, element, name="T_scatter")
 
@@ -1208,7 +1235,7 @@ def _run_time_sized(ty: object) -> bool:
     fields = getattr(ty, "fields", None)
     if fields is not None:
         return any(_run_time_sized(f) for f in fields)
-    return values is not None and any(not isinstance(v, tvm.tirx.IntImm) for v in values)
+    return values is not None and any(not isinstance(v, tirx.IntImm) for v in values)
 
 
 def _bounded_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
@@ -1216,7 +1243,7 @@ def _bounded_shape(ty: object, where: str) -> tuple[tuple[int, ...], str]:
     post-processing after NonMaxSuppression), their sizes serve as cost-model features only."""
     values = getattr(getattr(ty, "shape", None), "values", None)
     if values is not None and _run_time_sized(ty):
-        return tuple(int(v) if isinstance(v, tvm.tirx.IntImm) else 1 for v in values), str(ty.dtype)
+        return tuple(int(v) if isinstance(v, tirx.IntImm) else 1 for v in values), str(ty.dtype)
     return _static_shape(ty, where)
 
 
@@ -1398,7 +1425,7 @@ def fuseops_plan(mod: tvm.IRModule, graph: OpGraph) -> FusionPlan:
 _TAG = "autofuse_node"
 
 
-def _node_tag(prim: tvm.tirx.PrimFunc) -> int:
+def _node_tag(prim: tirx.PrimFunc) -> int:
     return int(prim.attrs[_TAG])
 
 

@@ -8,6 +8,7 @@ from tvm import tirx
 
 from autofuse import build
 from autofuse import tvm_bridge
+from autofuse.apply import apply_plan
 from autofuse.tvm_bridge import extract_graph
 from autofuse.tvm_bridge import normalize
 
@@ -489,6 +490,31 @@ def test_a_size_beside_a_tensor_in_a_module_given_directly_becomes_a_tensor():
     got = build.run(build.build(normal, build.make_target("llvm")), tvm.cpu(), [xs, np.array([3, 9, 5], "int64")])
     np.testing.assert_array_equal(got[1], np.array([0, 0, 2]))
     np.testing.assert_array_equal(got[2], got[0] * 2)
+
+
+def test_slices_to_a_run_time_bound_fuse_as_tvm_fuses_and_keep_their_values():
+    # Mask R-CNN's box head slices its min(1000, n) detections by that bound: TVM typed the
+    # result with if_then_else(bound < 0, ...), and FuseOps failed on that type ("Cannot find
+    # the FInferType attribute ... prim.if_then_else")
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, 9], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            most = tirx.min(tirx.IntImm("int64", 3), n)
+            kept = bb.emit(relax.op.exp(relax.op.strided_slice(x, [0], [0], [most])))
+            again = bb.emit(relax.op.strided_slice(kept, [0], [0], [most]))
+            every_fourth = bb.emit(relax.op.strided_slice(again, [1], [1], [2**63 - 1], [4]))
+            out = bb.emit_output(relax.op.add(every_fourth, relax.op.strided_slice(again, [1], [0], [2])))
+        bb.emit_func_output(out)
+    normal = normalize(bb.get())
+    ex = build.build(apply_plan(normal, extract_graph(normal), tvm_bridge.fuseops_plan(normal, extract_graph(normal))),
+                     build.make_target("llvm"))
+    for rows in (2, 5):
+        xs = np.random.default_rng(rows).standard_normal((rows, 9)).astype("float32")
+        got, = build.run(ex, tvm.cpu(), [xs])
+        kept = np.exp(xs[:3])
+        np.testing.assert_allclose(got, kept[:, 1::4] + kept[:, :2], rtol=1e-6)
 
 
 @pytest.mark.parametrize("parts", [[], 1])
