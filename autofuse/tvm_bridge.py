@@ -417,8 +417,10 @@ class _LayoutRewriter(relax.PyExprMutator):
         normalise that type ("Cannot find the FInferType attribute ... prim.if_then_else")."""
         x, axes, *bounds = call.args
         dims = getattr(getattr(x.ty, "shape", None), "values", None)
-        if dims is None or len(bounds) < 2 or not all(isinstance(b, relax.Tuple) for b in bounds[:2]):
+        if dims is None or len(bounds) < 2 or not all(isinstance(b, relax.Tuple) for b in bounds):
             return call
+        if len(bounds) > 2 and not all(isinstance(s, tirx.IntImm) and int(s) > 0 for s in bounds[2].fields):
+            return call  # a negative stride counts its end past the start differently
         zero = tirx.IntImm("int64", 0)
 
         def counted(b: object, axis: object) -> object:

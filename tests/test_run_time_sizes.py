@@ -346,9 +346,9 @@ def test_a_float_size_beside_a_tensor_becomes_a_tensor(tmp_path, op):
              helper.make_node("Gather", ["shape", "one"], ["w"], axis=0),
              helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
              helper.make_node(op, ["m", "wf"], ["y"])]
+    out_type = TensorProto.BOOL if op == "Less" else TensorProto.FLOAT
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.BOOL if op == "Less" else TensorProto.FLOAT,
-                                                             None)],
+                              [helper.make_tensor_value_info("y", out_type, None)],
                               [numpy_helper.from_array(np.array(1, "int64"), "one")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.array([[3, 9, 1, 4, 2], [8, 0, 6, 5, 7]], "float32")
