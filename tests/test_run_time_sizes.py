@@ -480,3 +480,16 @@ def test_a_concat_of_sizes_equal_only_at_run_time_is_typed_by_the_first(tmp_path
                        extra={"six": np.array([6], "int64"), "two": np.array([2], "int64")})
     for count, y in _counted(model, tmp_path):
         assert y.shape == (6 - count, 5)
+
+
+def test_a_shape_concatenated_with_a_value_read_from_the_data_is_a_tensor(tmp_path):
+    # Concat of a shape with integers that are not sizes (read from the data): a tensor, as ONNX
+    # has it (the shape made a tensor of its values), not a shape
+    model = _over_half([helper.make_node("Cast", ["over"], ["flags"], to=TensorProto.INT64),
+                        helper.make_node("ReduceSum", ["flags"], ["begin"], keepdims=1),
+                        helper.make_node("Shape", ["scores"], ["score_shape"]),
+                        helper.make_node("Concat", ["score_shape", "begin"], ["joined"], axis=0),
+                        helper.make_node("Mul", ["joined", "two"], ["y"])], TensorProto.INT64,
+                       extra={"two": np.array(2, "int64")})
+    for count, y in _counted(model, tmp_path):
+        np.testing.assert_array_equal(y, [12, 6, 2 * count])
