@@ -1133,11 +1133,15 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
         params = list(relax.analysis.free_vars(body))
         piece = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"})
         piece["main"] = relax.Function(params, body, relax.TupleType([v.ty for v in outputs]))
-        try:
-            blocks[k] = transform(piece)["main"].body.blocks[0]
-            continue
-        except Exception:  # noqa: BLE001 - TVM's pass: tried again with its outputs cast
-            pass
+        if not any(_run_time_sized(b.var.ty) for b in block.bindings):
+            try:
+                blocks[k] = transform(piece)["main"].body.blocks[0]
+                continue
+            except Exception:  # noqa: BLE001 - TVM's pass: tried again with its outputs cast
+                pass
+        # (a block over run-time sizes goes this way at once: the pass may re-infer a size inside
+        # it as another expression with no error, which only legalisation then refused: Mask
+        # R-CNN v2's concat of min(1000, n) rows with min(1000, n) - min(0, n))
         piece["main"] = relax.Function(params, relax.SeqExpr([_outputs_cast(block)], body.body), piece["main"].ret_ty)
         try:
             converted = transform(piece)["main"]
