@@ -13,14 +13,14 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 import pytest
-from tvm import tirx
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
+from tvm import tirx
 
 from autofuse import onnx_nms
-from autofuse import tvm_bridge
 from autofuse import plan as plan_rules
+from autofuse import tvm_bridge
 from autofuse.build import MeasureConfig
 from autofuse.importer import InputSpec
 from autofuse.importer import load_model
@@ -300,7 +300,6 @@ def test_top_k_before_opset_10_still_takes_k_from_its_attribute(tmp_path):
 
 def test_a_run_time_k_is_bounded_only_by_a_modest_constant():
     """min(1000, n) keeps the best 1000; n alone, or a bound too large to allocate, sorts all."""
-
     from autofuse.onnx_sizes import MAX_TOP_K
     from autofuse.onnx_sizes import _largest
 
