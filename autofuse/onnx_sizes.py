@@ -25,8 +25,8 @@ from tvm import tirx
 
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import const_ints
-from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import converter
+from autofuse.onnx_converters import is_const
 from autofuse.onnx_converters import optional_input
 from autofuse.onnx_converters import static_dims
 from autofuse.onnx_converters import stock
@@ -145,18 +145,19 @@ def _identity(bb: relax.BlockBuilder, inputs: list, attr: dict, params: list) ->
     only supports Tensor that has ShapeExpr shape")."""
     x = inputs[0]
     name = str(attr.get("tvm_custom", {}).get("name", ""))
-    return _sizes_named(bb, x, name[len(BRANCH_MARKER):]) if name.startswith(BRANCH_MARKER) else x
-
-
-def _sizes_named(bb: relax.BlockBuilder, x: relax.Expr, name: str) -> relax.Expr:
-    """`x`, where it is a tensor of known rank whose shape its type leaves unknown, cast to a
-    shape of fresh size variables (`name`_0, ...) bound at run time: TVM legalises no op on a
-    tensor of unknown shape, and the variables carry through the ops after it."""
     ty = x.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0:
+    if not name.startswith(BRANCH_MARKER) or not isinstance(ty, relax.TensorType) or ty.shape is not None \
+            or ty.ndim < 0:
         return x
-    dims = [tirx.Var(f"{name}_{i}", "int64") for i in range(ty.ndim)]
+    dims = [tirx.Var(f"{name[len(BRANCH_MARKER):]}_{i}", "int64") for i in range(ty.ndim)]
     return bb.match_cast(x, relax.TensorType(dims, ty.dtype))
+
+
+def _bound_at_run_time(bb: relax.BlockBuilder, values: relax.Expr, sizes: list) -> None:
+    """Binds `sizes` (fresh variables, or expressions already bound, checked) to the values of
+    the 1-d integer tensor `values` at run time."""
+    shape = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.astype(values, "int64"))))
+    bb.match_cast(shape, relax.ShapeType(sizes))
 
 
 def sizes_read_or_named(bb: relax.BlockBuilder, expr: relax.Expr, name: str) -> list | None:
@@ -183,8 +184,7 @@ def sizes_read_or_named(bb: relax.BlockBuilder, expr: relax.Expr, name: str) -> 
         return None
     if any(d is None for d in dims):
         dims = [tirx.Var(f"{name}_{k}", "int64") if d is None else d for k, d in enumerate(dims)]
-        shape = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.astype(expr, "int64"))))
-        bb.match_cast(shape, relax.ShapeType(dims))
+        _bound_at_run_time(bb, expr, dims)
     return dims
 
 
@@ -245,8 +245,7 @@ def _slice_by_data(bb: relax.BlockBuilder, data: relax.Expr, starts: relax.Expr,
     k = len(axes)
     begin = [tirx.Var(f"{name}_start_{i}", "int64") for i in range(k)]
     end = [tirx.Var(f"{name}_end_{i}", "int64") for i in range(k)]
-    bounds = bb.emit(relax.op.tensor_to_shape(bb.normalize(relax.op.concat([first, last], 0))))
-    bb.match_cast(bounds, relax.ShapeType(begin + end))
+    _bound_at_run_time(bb, bb.normalize(relax.op.concat([first, last], 0)), begin + end)
     return relax.op.strided_slice(data, axes, begin, end, assume_inbound=True)
 
 

@@ -1113,11 +1113,12 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
     own, spliced back. TVM's ConvertLayout over the whole function refused SSDlite ("DataflowBlock
     Pass should not rewrite or delete any global-scope Var": the shapes after the If, sized at run
     time, came out of its re-normalisation as other expressions); a block's outputs, which the
-    other blocks read, are the variables it keeps (where the pass re-infers their sizes as other
-    expressions, tried again with them cast: `_outputs_cast`). A block the pass still fails on is
-    kept as it was (before the cast, Keypoint R-CNN's head over a run-time number of detections:
-    80 of its 82 s a run in channels-first convolutions): also returned, a note naming the blocks
-    left."""
+    other blocks read, are the variables it keeps. A block over run-time sizes, or one the pass
+    fails on, goes with its outputs cast (`_outputs_cast`) and every shape inferred again after
+    the pass (`_ShapeReinference`): the pass re-infers sizes as other expressions. A block the
+    pass still fails on is kept as it was (before the cast, Keypoint R-CNN's head over a run-time
+    number of detections: 80 of its 82 s a run in channels-first convolutions): also returned, a
+    note naming the blocks left."""
     main = mod["main"]
     blocks = list(main.body.blocks)
     if sum(isinstance(b, relax.DataflowBlock) for b in blocks) < 2:
@@ -1139,9 +1140,9 @@ def _block_by_block(mod: tvm.IRModule, transform: tvm.transform.Pass) -> tuple[t
                 continue
             except Exception:  # noqa: BLE001 - TVM's pass: tried again with its outputs cast
                 pass
-        # (a block over run-time sizes goes this way at once: the pass may re-infer a size inside
-        # it as another expression with no error, which only legalisation then refused: Mask
-        # R-CNN v2's concat of min(1000, n) rows with min(1000, n) - min(0, n))
+        # (a block over run-time sizes at once: the pass may re-infer a size inside it as another
+        # expression with no error, which only legalisation then refused: Mask R-CNN v2's concat
+        # of min(1000, n) rows with min(1000, n) - min(0, n))
         piece["main"] = relax.Function(params, relax.SeqExpr([_outputs_cast(block)], body.body), piece["main"].ret_ty)
         try:
             converted = transform(piece)["main"]
