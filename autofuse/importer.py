@@ -511,8 +511,6 @@ def _static_index_extents():
 
 
 def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[str]) -> onnx.ModelProto:
-    import onnxslim
-
     from autofuse.worker import compare
 
     shapes = [f"{s.name}:{','.join(map(str, s.shape))}" for s in specs]
@@ -522,7 +520,7 @@ def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[st
     # folding would have fixed reach TVM's frontend as run-time values it cannot import
     for skipped in ([], ["dead_node_elimination"]):
         try:
-            slim = onnxslim.slim(model, input_shapes=shapes, model_check=False, skip_optimizations=skipped or None)
+            slim = _slim_until_stable(model, shapes, skipped)
         except Exception as err:
             notes.append(f"onnxslim failed ({error_line(err)}); using the model as exported")
             return model
@@ -541,6 +539,27 @@ def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[st
         notes.append(f"onnxslim{without} changed the outputs (max diff {diff:.2e})")
     notes.append("using the model as exported")
     return model
+
+
+def _slim_until_stable(model: onnx.ModelProto, shapes: list[str], skipped: list[str],
+                       rounds: int = 10) -> onnx.ModelProto:
+    """onnxslim again while a call removes nodes: one call stops after ten rounds of folding and
+    shape inference (ONNXSLIM_MAX_ITER), and sizes read from a shape that only folding fixes take
+    a round per link (timm's DaViT pads its window stages by sizes read from the last stage's
+    shape: twelve rounds; Swin V2 six calls), while TVM's frontend cannot import a Pad by sizes
+    left unfolded. A later call that fails keeps the last call's model."""
+    import onnxslim
+
+    slim = onnxslim.slim(model, input_shapes=shapes, model_check=False, skip_optimizations=skipped or None)
+    for _ in range(rounds - 1):
+        try:
+            again = onnxslim.slim(slim, input_shapes=shapes, model_check=False, skip_optimizations=skipped or None)
+        except Exception:
+            break
+        if len(again.graph.node) >= len(slim.graph.node):
+            break
+        slim = again
+    return slim
 
 
 def onnxruntime_session(model: onnx.ModelProto | str, threads: int = 0):

@@ -161,6 +161,37 @@ def test_onnxslim_that_changes_the_outputs_is_tried_without_its_dead_node_elimin
 
 
 
+def test_sizes_folded_past_onnxslims_ten_rounds(tmp_path):
+    # each stage pads by sizes read from the last one's shape (2 where it is odd, else 1), which
+    # onnxslim folds one stage per round of folding and shape inference, ten rounds per call
+    # (timm's DaViT and Swin V2 pad their window stages so); a Pad by unfolded sizes does not
+    # import ("Dynamic pads are not supported yet")
+    from onnx import numpy_helper
+
+    consts = {"two": np.array(2, "int64"), "one": np.array(1, "int64"), "zero": np.array(0, "int64"),
+              "axes": np.array([0], "int64"), "zeros6": np.zeros(6, "int64")}
+    nodes, y = [], "x"
+    for i in range(12):
+        p = f"s{i}_"
+        nodes += [helper.make_node("Shape", [y], [p + "shape"]),
+                  helper.make_node("Gather", [p + "shape", "two"], [p + "h"], axis=0),
+                  helper.make_node("Mod", [p + "h", "two"], [p + "odd"]),
+                  helper.make_node("Equal", [p + "odd", "zero"], [p + "even"]),
+                  helper.make_node("Where", [p + "even", "one", "two"], [p + "pad"]),
+                  helper.make_node("Unsqueeze", [p + "pad", "axes"], [p + "pad1"]),
+                  helper.make_node("Concat", ["zeros6", p + "pad1", p + "pad1"], [p + "pads"], axis=0),
+                  helper.make_node("Pad", [y, p + "pads"], [p + "y"])]
+        y = p + "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 5, 5])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    path = tmp_path / "pads.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    loaded = load_model(path, [InputSpec("x", (1, 2, 5, 5))])
+    # 5 -> 7 -> 9 -> ...: every stage pads an odd size by 2
+    assert [int(d) for d in loaded.mod["main"].ret_ty.shape.values] == [1, 2, 29, 29]
+    assert any("onnxslim" in n and "max abs diff" in n for n in loaded.notes)
+
 def test_irmodule_given_directly(small):
     w = prepare(small.loaded.mod)
     assert w.key == small.key and w.graph == small.graph
