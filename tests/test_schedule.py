@@ -924,16 +924,21 @@ def test_a_depthwise_convolutions_padding_is_inlined_a_convolutions_is_not():
     # a depthwise convolution reads its input as vectors along the channels, like a pooling
     # window: its padding's test is uniform across the lanes, and as a copy of its own it
     # doubled the traffic of a memory-bound kernel. A convolution reads one input value per
-    # row of outputs, a broadcast: inlined, the test sat in its innermost loop
+    # row of outputs, a broadcast: inlined, the test sat in its innermost loop; so does a
+    # grouped one whose groups span a tile of two vectors (ResNeSt's 2-group convolutions ran
+    # at half speed), not one of narrower groups (each vector reads several input channels)
     from tvm import relax
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
-    dw = relax.const(np.random.default_rng(0).standard_normal((32, 1, 3, 3)).astype("float32"))
+    rng = np.random.default_rng(0)
+    dw, two, four = (relax.const(rng.standard_normal((32, c, 3, 3)).astype("float32")) for c in (1, 16, 8))
     full = relax.const(np.random.default_rng(1).standard_normal((16, 32, 3, 3)).astype("float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, dw, padding=1, groups=32))
+            y = bb.emit(relax.op.nn.conv2d(y, two, padding=1, groups=2))
+            y = bb.emit(relax.op.nn.conv2d(y, four, padding=1, groups=4))
             out = bb.emit_output(relax.op.nn.conv2d(y, full, padding=1))
         bb.emit_func_output(out)
     from autofuse.workload import prepare
@@ -941,10 +946,10 @@ def test_a_depthwise_convolutions_padding_is_inlined_a_convolutions_is_not():
     w = prepare(bb.get())
     fused = apply.apply_plan(w.mod, w.graph, w.unfused())
     convs = {gv.name_hint: f for gv, f in fused.functions.items() if "conv2d" in gv.name_hint}
-    assert len(convs) == 2
+    assert len(convs) == 4
     padded = {int(f.params[1].shape[-2]): 'sblock("pad_temp")' in schedule_cpu(f, lanes=8, acc=12).script()
-              for f in convs.values()}  # by the weights' input channels (HWIO): 1 for the depthwise one
-    assert padded == {1: False, 32: True}
+              for f in convs.values()}  # by the weights' input channels per group (HWIO): 1 for the depthwise one
+    assert padded == {1: False, 16: True, 8: False, 32: True}
     target = build.make_target("llvm")
     feeds = random_inputs(w.inputs)
     want, got = (build.run(build.build(fused, target, s), tvm.cpu(), feeds) for s in ("none", "rules"))
