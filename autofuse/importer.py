@@ -542,16 +542,16 @@ def _simplify(model: onnx.ModelProto, specs: Sequence[InputSpec], notes: list[st
 
 
 def _slim_until_stable(model: onnx.ModelProto, shapes: list[str], skipped: list[str],
-                       rounds: int = 10) -> onnx.ModelProto:
+                       calls: int = 10) -> onnx.ModelProto:
     """onnxslim again while a call removes nodes: one call stops after ten rounds of folding and
     shape inference (ONNXSLIM_MAX_ITER), and sizes read from a shape that only folding fixes take
     a round per link (timm's DaViT pads its window stages by sizes read from the last stage's
-    shape: twelve rounds; Swin V2 six calls), while TVM's frontend cannot import a Pad by sizes
+    shape: twelve rounds; Swin V2 five calls that remove nodes), while TVM's frontend cannot import a Pad by sizes
     left unfolded. A later call that fails keeps the last call's model."""
     import onnxslim
 
     slim = onnxslim.slim(model, input_shapes=shapes, model_check=False, skip_optimizations=skipped or None)
-    for _ in range(rounds - 1):
+    for _ in range(calls - 1):
         try:
             again = onnxslim.slim(slim, input_shapes=shapes, model_check=False, skip_optimizations=skipped or None)
         except Exception:
