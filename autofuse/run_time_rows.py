@@ -147,9 +147,10 @@ def chunked_candidates(
     rows = row_axes(func)
     if rows is None or relax.analysis.has_reshape_pattern(func) or not rows_independent(rows):
         return  # a reshape stays as it is: the VM makes it a view of its input, no kernel at all
-    big_rows, size = _chunk_rows(rows, CHUNK_ROWS)
+    counts = _row_counts(rows, max(CHUNK_ROWS, SMALL_ROWS))
+    big_rows, size = _chunk_rows(rows, counts, CHUNK_ROWS)
     chunk = _at_rows(rows, big_rows, size)
-    small_rows, small_size = _chunk_rows(rows, SMALL_ROWS)
+    small_rows, small_size = _chunk_rows(rows, counts, SMALL_ROWS)
     small = _at_rows(rows, small_rows, small_size) if small_rows < big_rows else None
     small = next(static_candidates(small), None) if small is not None else None
     n = rows.n
@@ -175,25 +176,32 @@ def chunked_candidates(
         yield out.with_attr(PACKED_ATTR, packed) if packed else out
 
 
-def _chunk_rows(rows: Rows, limit: int) -> tuple[int, int | None]:
-    """(rows of a chunk, the value of the size n is computed from that gives it, None where n is
-    the rows themselves): as many rows as n can be up to `limit` (Keypoint R-CNN's head runs on
-    min(20, detections) rows: 20), or where n is never so few, the fewest it can be (Mask
-    R-CNN's upsampling matmul runs on min(20, detections) * 196 rows: one detection's 196)."""
-    bound = rows.analyzer.const_int_bound(rows.n).max_value
+def _row_counts(rows: Rows, values: int) -> dict[int, int]:
+    """rows n -> the smallest value of the kernel's one scalar size giving them, over the values
+    1..`values` of that size; empty where n is not computed from one scalar."""
     scalars = [p for p in rows.func.params if not isinstance(p.ty, tirx.BufferType)]
+    counts: dict[int, int] = {}
     if len(scalars) != 1:
-        return min(limit, bound), None
+        return counts
     size = scalars[0]
-    counts: dict[int, int] = {}  # rows -> the smallest value of the size giving them
-    for value in range(1, limit + 1):
+    for value in range(1, values + 1):
         at = Analyzer()
         at.bind(size, tirx.IntImm(size.ty.dtype, value))
         count = at.simplify(rows.n)
         if isinstance(count, tirx.IntImm) and int(count) > 0:
             counts.setdefault(int(count), value)
+    return counts
+
+
+def _chunk_rows(rows: Rows, counts: dict[int, int], limit: int) -> tuple[int, int | None]:
+    """(rows of a chunk, the value of the size n is computed from that gives it, None where n is
+    the rows themselves): as many rows as n can be up to `limit` (Keypoint R-CNN's head runs on
+    min(20, detections) rows: 20), or where n is never so few, the fewest it can be (Mask
+    R-CNN's upsampling matmul runs on min(20, detections) * 196 rows: one detection's 196).
+    `counts`: _row_counts over at least `limit` values, of which the first `limit` count."""
+    counts = {c: v for c, v in counts.items() if v <= limit}
     if not counts:
-        return min(limit, bound), None
+        return min(limit, rows.analyzer.const_int_bound(rows.n).max_value), None
     within = [c for c in counts if c <= limit]
     count = max(within) if within else min(counts)
     return count, counts[count]

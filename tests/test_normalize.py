@@ -508,8 +508,8 @@ def test_slices_to_a_run_time_bound_fuse_as_tvm_fuses_and_keep_their_values():
             out = bb.emit_output(relax.op.add(every_fourth, relax.op.strided_slice(again, [1], [0], [2])))
         bb.emit_func_output(out)
     normal = normalize(bb.get())
-    ex = build.build(apply_plan(normal, extract_graph(normal), tvm_bridge.fuseops_plan(normal, extract_graph(normal))),
-                     build.make_target("llvm"))
+    graph = extract_graph(normal)
+    ex = build.build(apply_plan(normal, graph, tvm_bridge.fuseops_plan(normal, graph)), build.make_target("llvm"))
     for rows in (2, 5):
         xs = np.random.default_rng(rows).standard_normal((rows, 9)).astype("float32")
         got, = build.run(ex, tvm.cpu(), [xs])
