@@ -1282,9 +1282,8 @@ def _ragged_width(extent: int | None, lanes: int) -> int | None:
     """The vector width of a row that no width divides (ViT's 197 tokens, wav2vec2's 199
     frames), at least two whole vectors long: all steps but the last run whole vectors, the
     last one predicated (`_peel_last_step`). The exp and normalisation of a softmax over such
-    rows ran one element at a time (ViT-base's softmax kernel 480 -> 396 us; its max and sum
-    are still serial chains: split into lanes before compute_at, which drops a partial step's
-    predicate, they summed past the row, and rfactor refuses a stage already in the row)."""
+    rows ran one element at a time (ViT-base's softmax kernel 480 -> 396 us); its max and sum
+    accumulate vectors the same way (`_guard_partial`)."""
     return lanes if extent is not None and extent % lanes and extent >= 2 * lanes else None
 
 
@@ -1732,11 +1731,16 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     for b in sch.get_child_blocks(root):
         loops = sch.get_loops(b)
         ext = _extent(sch, loops[-1]) if loops else None
-        width = _vector_width(ext, lanes)
+        width = _vector_width(ext, lanes) or _ragged_width(ext, lanes)
         if _is_reduction(sch, b) and not _reuses_inputs(sch, b) and width is not None and ext > width:
+            before = sch.copy() if ext % width else sch
             _, lane = sch.split(loops[-1], [None, width])
             axis = len(sch.get(b).writes[0].region)
             partials.append(sch.rfactor(lane, axis))
+            if ext % width and not _guard_partial(sch, partials[-1], ext):
+                sch = before  # a ragged reduction of another form stays one chain
+                partials.pop()
+                continue
             while width >= 4:  # the partials summed pairwise: a tree, not a chain of `width`
                 width //= 2
                 _, lane = sch.split(sch.get_loops(b)[-1], [2, width])
@@ -1788,6 +1792,55 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
     return trial.mod["main"].with_attr(SCHEDULED_ATTR, True)
 
 
+def _guard_partial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, extent: int) -> bool:
+    """Make the partial reduction of a ragged row (197 tokens in 16 lanes) add the reduction's
+    identity past the row's end, in its value rather than its predicate: compute_at, which
+    moves it into the row, rebuilds its loops without the split's predicate and would sum past
+    the row. Its reads then name the row itself (the split's index would ask producers for 208
+    elements); `likely` lets LoopPartition run every step but the last as whole vectors.
+    False where the stage is not of that form (an index other than the split's plus an offset)."""
+    from tvm.sym.analyzer import Analyzer
+
+    blk = sch.get(block)
+    store = blk.body
+    if blk.init is None or not isinstance(store, tirx.BufferStore):
+        return False
+    lane_var = blk.writes[0].region[-1].min  # rfactor's new axis indexes the partials last
+    lanes = next((iv.dom.extent for iv in blk.iter_vars if iv.var.same_as(lane_var)), None)
+    steps = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == 2]  # the reduction's iterators
+    if lanes is None or len(steps) != 1:
+        return False
+    step_var = steps[0]
+    value = store.value
+    if not isinstance(value, (tirx.Add, tirx.Max, tirx.Min)):
+        return False
+    kept = [isinstance(x, tvm.ir.TensorLoad) and x.source.same_as(store.buffer) for x in (value.a, value.b)]
+    if kept.count(True) != 1:
+        return False
+    index = step_var * lanes + lane_var
+    dtype = index.ty.dtype
+    reads = []
+    for region in blk.reads:
+        ranges = []
+        for r in region.region:
+            if not (_uses(r.min, step_var) or _uses(r.min, lane_var)):
+                ranges.append(r)
+                continue
+            offset = Analyzer().simplify(r.min - index)
+            if _uses(offset, step_var) or _uses(offset, lane_var) or not _is_one(r.extent):
+                return False
+            ranges.append(tvm.ir.Range.from_min_extent(offset, tirx.IntImm(dtype, extent)))
+        reads.append(tirx.BufferRegion(region.source, ranges))
+    other = value.b if kept[0] else value.a
+    guarded = tirx.if_then_else(tirx.likely(index < tirx.IntImm(dtype, extent)), other, blk.init.value)
+    body = tirx.BufferStore(store.buffer, type(value)(*((value.a, guarded) if kept[0] else (guarded, value.b))),
+                            store.indices)
+    new = s_tir.SBlock(blk.iter_vars, reads, blk.writes, blk.name_hint, body, blk.init, blk.alloc_buffers,
+                       blk.match_buffers, blk.annotations)
+    sch.state.replace(sch.get_sref(block), new, {blk: new})
+    return True
+
+
 def _product_rows(sch: s_tir.Schedule, products: list, rows: int | None, lanes: int, acc: int) -> int:
     """Rows a row kernel with matmul-like stages computes together: each stage then keeps
     rows x vectors accumulators in registers (one row's single chain of FMAs waits on latency).
@@ -1822,6 +1875,8 @@ def _vectorize_row_stage(
         sch.reorder(*steps, *rows, *lanes_loop)
         sch.vectorize(lanes_loop[-1])
         sch.decompose_reduction(block, steps[0])
+        if "T.likely" in _body_text(blk.body):  # a ragged row's (_guard_partial): its last step apart
+            _peel_last_step(sch, steps[0])
         return
     if not any(kinds):
         _vectorize_inner(sch, block, lanes, ragged=True)
