@@ -1236,10 +1236,11 @@ def test_columns_no_vector_divides_are_padded_to_whole_vectors_past_the_serial_l
     _run_matmul(func, 40, columns, 64)
 
 
-@pytest.mark.parametrize("columns, vectorised", [(197, True), (33, True), (20, False)])
+@pytest.mark.parametrize("columns, vectorised", [(197, True), (196, True), (33, True), (20, False)])
 def test_elementwise_stages_of_a_ragged_row_run_whole_vectors_and_a_last_partial_one(columns, vectorised):
     # ViT's 197-token softmax: no vector width divides its rows, and its exp and normalisation
-    # ran one element at a time; now whole vectors, the last partial one peeled off
+    # ran one element at a time; now whole vectors, the last partial one peeled off (also where
+    # a quarter vector divides the row: ConViT's 196 tokens)
     from tvm import relax
 
     mod = relax.transform.LegalizeOps()(_softmax((6, columns)))
@@ -1253,11 +1254,12 @@ def test_elementwise_stages_of_a_ragged_row_run_whole_vectors_and_a_last_partial
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("width", [197, 49, 33])
+@pytest.mark.parametrize("width", [197, 196, 49, 33])
 def test_reductions_over_ragged_rows_accumulate_whole_vectors(width):
     # ViT's 197-token softmax: no vector width divides its rows, and its max and sum ran as one
     # chain of scalar steps each (1x4x197x197: 217 us, onnxruntime's 32; now 38 us): now partial
     # results in vectors, adding the reduction's identity past the row's end, the last step apart
+    # (196: whole vectors, not the quarter ones that divide it)
     func, reference = _softmax_layer_norm(6, width)
     scheduled = schedule_cpu(func, lanes=16)
     names = set(re.findall(r'sblock\("(\w+)"', scheduled.script()))
@@ -1286,6 +1288,22 @@ def test_a_ragged_rows_reduction_reads_its_own_columns_and_declines_other_forms(
     row = a[:, 3:200]
     want = row - row.sum(1, keepdims=True) / 197 + np.prod(row * 0.01 + 1, axis=1, keepdims=True)
     np.testing.assert_allclose(_run(scheduled, a, out_shape=(6, 197)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_over_two_axes_keeps_the_vectors_that_divide_its_row():
+    # a squeeze-excite mean over 4 x 56 (NCHW): the identity-filled partials take one reduction
+    # axis only; its 56-wide rows keep eight-lane partial sums instead of one chain
+    from tvm import te
+
+    x = te.placeholder((6, 4, 56), "float32", name="x")
+    r, c = te.reduce_axis((0, 4), name="r"), te.reduce_axis((0, 56), name="c")
+    s = te.compute((6,), lambda i: te.sum(x[i, r, c], axis=[r, c]), name="s")
+    out = te.compute((6, 4, 56), lambda i, j, k: x[i, j, k] - s[i] / 224, name="out")
+    scheduled = schedule_cpu(te.create_prim_func([x, out]), lanes=16)
+    assert re.search(r"T\.vectorized\(8\):\s+with T\.sblock\(\"s_rf_update", scheduled.script())
+    a = np.random.default_rng(5).standard_normal((6, 4, 56)).astype("float32")
+    want = a - a.sum((1, 2), keepdims=True) / 224
+    np.testing.assert_allclose(_run(scheduled, a, out_shape=(6, 4, 56)), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_refused_primitive_does_not_print_the_kernel_into_its_error():
