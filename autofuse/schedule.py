@@ -1885,6 +1885,7 @@ def _vectorize_row_stage(
             _peel_last_step(sch, steps[0])
         return
     if not any(kinds):
+        _reciprocal_divisors(sch, block)
         _vectorize_inner(sch, block, lanes, ragged=True)
     elif not kinds[0]:  # a matmul-like stage: i-k-j within the row, its output row vectorised
         spatial = [lp for lp, r in zip(loops[1:], kinds[1:]) if not r]
@@ -1897,6 +1898,34 @@ def _vectorize_row_stage(
             for lp in outputs:  # a few rows and vectors of output: accumulators stay in registers
                 sch.unroll(lp)
         sch.decompose_reduction(block, steps[0])
+
+
+def _reciprocal_divisors(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Rewrite x / s, where s is the same along the row `block` writes (a softmax's sum, a norm),
+    as x * (1 / s): LLVM then divides once per row and multiplies each vector, where a vector
+    division per element took a fifth of a softmax (4 x 197 x 197: 37 -> 30 us). Within 1.5 ulp
+    of the quotient, as onnxruntime's softmax computes it."""
+    blk = sch.get(block)
+    store = blk.body
+    if not isinstance(store, tirx.BufferStore) or not store.indices or not isinstance(store.indices[-1], tirx.Var):
+        return
+    along = store.indices[-1]
+
+    def rewrite(e: tirx.PrimExpr) -> tirx.PrimExpr:
+        if isinstance(e, tirx.Div) and str(e.ty.dtype).startswith("float") and not _uses(e.b, along):
+            return rewrite(e.a) * (tirx.FloatImm(str(e.ty.dtype), 1.0) / e.b)
+        if isinstance(e, (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min)):
+            a, b = rewrite(e.a), rewrite(e.b)
+            return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+        return e
+
+    value = rewrite(store.value)
+    if value.same_as(store.value):
+        return
+    new = s_tir.SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint,
+                       tirx.BufferStore(store.buffer, value, store.indices), blk.init, blk.alloc_buffers,
+                       blk.match_buffers, blk.annotations)
+    sch.state.replace(sch.get_sref(block), new, {blk: new})
 
 
 def _feeds_product(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

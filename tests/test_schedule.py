@@ -1269,6 +1269,17 @@ def test_reductions_over_ragged_rows_accumulate_whole_vectors(width):
     np.testing.assert_allclose(_run(scheduled, a, out_shape=(6, width)), reference(a), rtol=1e-4, atol=1e-5)
 
 
+def test_a_rows_division_by_a_per_row_value_is_one_reciprocal_per_row():
+    # softmax's e / sum and layer norm's d / sqrt(var + eps): a vector division per element took
+    # a fifth of ViT's softmax; as e * (1 / sum), LLVM divides once per row
+    func, reference = _softmax_layer_norm(6, 64)
+    scheduled = schedule_cpu(func, lanes=16)
+    stores = [line for line in scheduled.script().splitlines() if re.match(r"\s*(y|out)\[v_i, v_j\] = ", line)]
+    assert len(stores) == 2 and all("* (T.float32(1.0) / " in line for line in stores), stores
+    a = np.random.default_rng(6).standard_normal((6, 64)).astype("float32")
+    np.testing.assert_allclose(_run(scheduled, a, out_shape=(6, 64)), reference(a), rtol=1e-4, atol=1e-5)
+
+
 def test_a_ragged_rows_reduction_reads_its_own_columns_and_declines_other_forms():
     # the partial sums' reads name the columns the row sums (here from column 3 on, of a wider
     # input), not the whole vectors' 208; a product has no guard: its chain stays serial
