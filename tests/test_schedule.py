@@ -1294,7 +1294,7 @@ def test_a_ragged_rows_reduction_reads_its_own_columns_and_declines_other_forms(
     scheduled = schedule_cpu(te.create_prim_func([x, out]), lanes=16)
     text = scheduled.script()
     assert "s_rf_update" in text and "p_rf" not in text
-    assert re.search(r"T\.reads\(x\[v\w*, v\w* \* T\.int64\(16\) \+ v\w* \+ T\.int64\(3\)\]", text) is None
+    assert "x[v_i, 3:200]" in text
     a = np.random.default_rng(4).standard_normal((6, 202)).astype("float32")
     row = a[:, 3:200]
     want = row - row.sum(1, keepdims=True) / 197 + np.prod(row * 0.01 + 1, axis=1, keepdims=True)
