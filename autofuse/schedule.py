@@ -165,6 +165,7 @@ def _schedule_spatial(
     segments = _concat_segments(sch, block, loops, lanes)
     if segments is not None:
         return _schedule_concat(sch, block, loops, segments, lanes)
+    loops = _unfold_flat_loop(sch, block, loops)
     gathered = _gathered_loop(sch, block, loops)
     if gathered is not None:
         # a resize into NCHW at a segmentation model's output: its input coordinates depend on
@@ -209,6 +210,80 @@ def _schedule_spatial(
     if parallel and (_extent(sch, outer) or 2) > 1:
         sch.parallel(outer)
     return outer
+
+
+def _unfold_flat_loop(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> list:
+    """`loops` with the innermost one split into the input axes its index stands for, where an
+    input reads it through divisions and remainders that tile it exactly (a transpose written
+    flat: PoolFormer's NHWC -> NCHW -> [1, 1, C * H * W] before its group norm reads x[0, (j %
+    3136) // 56, j % 56, j // 3136]). Split, the transpose is seen and run in tiles (56 x 56 x 64:
+    258 us as one strided loop); otherwise `loops` unchanged."""
+    from tvm import sym
+
+    driven = _driven(sch, block, loops)
+    if not driven or len(driven[-1]) != 1:
+        return loops
+    blk = sch.get(block)
+    inner = blk.iter_vars[next(iter(driven[-1]))].var
+    doms = {iv.var: iv.dom for iv in blk.iter_vars}
+    for region in blk.reads:
+        mins = [r.min for r in region.region]
+        if not any(isinstance(m, (tirx.FloorDiv, tirx.FloorMod)) and _uses(m, inner) for m in mins):
+            continue
+        splits = sorted((sp for e in sym.detect_iter_map(mins, doms).indices for sp in _splits_of(e, inner)),
+                        reverse=True)
+        if len(splits) < 2 or splits[-1][0] != 1 or any(
+                low != nxt_low * nxt_ext for (low, _), (nxt_low, nxt_ext) in zip(splits, splits[1:])):
+            continue
+        if math.prod(ext for _, ext in splits) != _extent(sch, loops[-1]):
+            continue
+        at = next(k for k, iv in enumerate(blk.iter_vars) if iv.var.same_as(inner))
+
+        def unfold(*x):  # noqa: ANN202 - an index map
+            pieces = [x[at] // low if k == 0 else x[at] // low % ext for k, (low, ext) in enumerate(splits)]
+            return [*x[:at], *pieces, *x[at + 1:]]
+
+        try:  # the block's own iterators re-laid: its reads then name each axis by one of them
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(
+                unfold, ndim=len(blk.iter_vars), index_dtype=str(inner.ty.dtype)))
+        except _REFUSED:
+            return loops
+        _simplify_indices(sch, block)
+        return sch.get_loops(block)
+    return loops
+
+
+def _simplify_indices(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Simplify `block`'s value and indices knowing its iterators' ranges, which
+    transform_block_layout leaves as it substituted them ((c * 3136 + h * 56 + w) % 3136 // 56
+    for h)."""
+    from tvm.sym.analyzer import Analyzer
+
+    blk = sch.get(block)
+    store = blk.body
+    if not isinstance(store, tirx.BufferStore):
+        return
+    ana = Analyzer()
+    for iv in blk.iter_vars:
+        ana.bind(iv.var, iv.dom)
+    regions = [[tvm.ir.Range.from_min_extent(ana.simplify(r.min), r.extent) for r in region.region]
+               for region in blk.reads]
+    body = tirx.BufferStore(store.buffer, ana.simplify(store.value), [ana.simplify(i) for i in store.indices])
+    _replace_body(sch, block, body, [tirx.BufferRegion(region.source, rs) for region, rs in zip(blk.reads, regions)])
+
+
+def _splits_of(expr: object, var: tirx.Var) -> list[tuple[int, int]]:
+    """(lower factor, extent) of each piece of `var` in an affine iterator map (detect_iter_map's
+    IterSumExpr: v // 3136 is (3136, 64) of a 200704-long v; a piece of a piece composes)."""
+    pieces = []
+    for arg in expr.args:  # type: ignore[attr-defined]
+        source = arg.source.source
+        if isinstance(source, tirx.Var):
+            if source.same_as(var):
+                pieces.append((int(arg.lower_factor), int(arg.extent)))
+        elif len(getattr(source, "args", ())) == 1:
+            pieces += [(low * int(arg.lower_factor), int(arg.extent)) for low, _ in _splits_of(source, var)]
+    return pieces
 
 
 def _concat_segments(
