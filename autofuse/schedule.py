@@ -1815,7 +1815,7 @@ def _schedule_rows(func: tirx.PrimFunc, lanes: int, acc: int) -> tirx.PrimFunc |
         for width in (_ragged_width(ext, lanes), _vector_width(ext, lanes)):
             if width is None or ext <= width:
                 continue
-            trial = sch.copy()
+            trial = sch.copy() if ext % width else sch  # only a ragged split can be declined
             _, lane = trial.split(trial.get_loops(b)[-1], [None, width])
             axis = len(trial.get(b).writes[0].region)
             partial = trial.rfactor(lane, axis)
