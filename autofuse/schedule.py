@@ -162,9 +162,9 @@ def _schedule_spatial(
     it. Only the innermost axis: vector lanes spread over a fused index would compute div/mod per
     lane and gather (a 3-channel image row, a 34-wide padded row); such an inner loop stays
     serial for LLVM to handle. `costly`: parallel from COSTLY_PARALLEL_WORK elements."""
-    segments = _concat_segments(sch, block, loops, lanes)
-    if segments is not None:
-        return _schedule_concat(sch, block, loops, segments, lanes)
+    concat = _concat_segments(sch, block, loops, lanes)
+    if concat is not None:
+        return _schedule_concat(sch, block, loops, *concat, lanes)
     loops = _unfold_flat_loop(sch, block, loops)
     gathered = _gathered_loop(sch, block, loops)
     if gathered is not None:
@@ -288,52 +288,79 @@ def _splits_of(expr: object, var: tirx.Var) -> list[tuple[int, int]]:
     return pieces
 
 
+def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list) -> tuple[int, list[int]] | None:
+    """(the loop, the lengths of the inputs it takes in turn) of a concatenation, when the block
+    is one (its value a chain of if_then_else, its reads of two inputs or more offset along one
+    axis by the start of each); None otherwise. The innermost axis first (channels-last feature
+    maps), else the outermost one that is (an LSTM's steps, stacked along time)."""
+    driven = _driven(sch, block, loops)
+    blk = sch.get(block)
+    text = _body_text(blk.body)
+    if driven is None or "if_then_else" not in text:
+        return None
+    for axis in [len(loops) - 1, *range(len(loops) - 1)]:
+        extent = _extent(sch, loops[axis])
+        if extent is None or len(driven[axis]) != 1:
+            continue
+        var = blk.iter_vars[next(iter(driven[axis]))].var
+        starts, inputs = {0}, set()
+        for region in blk.reads:
+            for rng in region.region:
+                coefs = list(detect_linear_equation(rng.min, [var]))
+                if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
+                    starts.add(-int(coefs[1].value))
+                    inputs.add(region.source.name)
+        # an input of one step along the axis is read at index 0, no offset: its start is in
+        # the test that picks it (`15 <= v1`)
+        name = re.escape(str(var.name))
+        starts.update(int(c) for c in re.findall(rf"(?:T\.int\d+\()?(\d+)\)? <= {name}(?![\w.])", text))
+        bounds = sorted(b for b in starts if 0 <= b < extent)
+        if len(bounds) > 1 and len(inputs) > 1:  # one input: a padding, not a concatenation
+            return axis, [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
+    return None
+
+
 def _concat_segments(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int
-) -> list[int] | None:
-    """The lengths of the inputs a concatenation along the innermost axis takes in turn, when
-    the block is one (its value a chain of if_then_else over that axis, its reads offset along
-    it by the start of each input); None otherwise."""
-    extent = _extent(sch, loops[-1])
-    driven = _driven(sch, block, loops)
-    if extent is None or driven is None or len(driven[-1]) != 1:
+) -> tuple[int, list[int]] | None:
+    """_concat_axis, where each input's run vectorises as the whole axis would: not an element
+    shifted by one along the innermost axis (a padding or a roll along it)."""
+    concat = _concat_axis(sch, block, loops)
+    if concat is None:
         return None
-    blk = sch.get(block)
-    var = blk.iter_vars[next(iter(driven[-1]))].var
-    starts = {0}
-    for region in blk.reads:
-        if not region.region:
-            continue
-        coefs = list(detect_linear_equation(region.region[-1].min, [var]))
-        if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
-            starts.add(-int(coefs[1].value))
-    bounds = sorted(b for b in starts if 0 <= b < extent)
-    segments = [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
-    # not when runs of the inputs' common length would not vectorise where the whole axis does
-    # (an element shifted by one, as a padding or a roll along that axis)
-    if len(segments) < 2 or (_vector_width(math.gcd(*segments), lanes) is None
-                             and _vector_width(extent, lanes) is not None):
+    axis, segments = concat
+    if axis == len(loops) - 1 and (_vector_width(math.gcd(*segments), lanes) is None
+                                   and _vector_width(_extent(sch, loops[axis]), lanes) is not None):
         return None
-    return segments if "if_then_else" in str(blk.body) else None
+    return concat
 
 
 def _schedule_concat(
-    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, segments: list[int], lanes: int
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, axis: int, segments: list[int], lanes: int
 ) -> s_tir.schedule.LoopRV | None:
     """A concatenation (with whatever elementwise ops were inlined into it) as one loop per input
     along the concatenated axis: in each, the chain of if_then_else that picks the input folds
     away and the loop vectorises. Inlined whole, every element tested all the boundaries:
     DenseNet's batch-norm-ReLU over the concatenation of 25 inputs, 4x4x1024, ran ~50 us."""
     work = _work(sch, block)  # the block is copied into each loop below, and then gone
-    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
+    inner_axis = axis == len(loops) - 1
+    if inner_axis:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
+    else:  # along an outer axis: the loops outside it run in parallel
+        outer = (sch.fuse(*loops[:axis]) if axis > 1 else loops[0]) if axis else None
+        if axis + 2 < len(loops):  # the loops inside it, one run each input's copy vectorises
+            sch.fuse(*loops[axis + 1:])
     # partitioned loops do not start at 0, which split refuses: partition whole runs of `step`
     step = math.gcd(*segments)
-    runs, inner = sch.split(loops[-1], [None, step])
-    width = _vector_width(step, lanes)
+    runs, inner = sch.split(loops[axis], [None, step])
+    width = _vector_width(step, lanes) if inner_axis else None
     for part in sch.loop_partition(runs, [n // step for n in segments[:-1]] + [None]):
-        if width is not None:
-            for copy in sch.get_child_blocks(part):
-                sch.vectorize(sch.split(sch.get_loops(copy)[-1], [None, width])[1])
+        for copy in sch.get_child_blocks(part):
+            last = sch.get_loops(copy)[-1]
+            if not inner_axis:
+                width = _vector_width(_extent(sch, last), lanes)
+            if width is not None:
+                sch.vectorize(sch.split(last, [None, width])[1])
     if outer is not None and work >= MIN_PARALLEL_WORK and (_extent(sch, outer) or 2) > 1:
         sch.parallel(outer)
     return outer
@@ -1680,9 +1707,16 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
     every block it joins within MAX_INLINED_CHARS of TIR: each read of the producer's buffer
     in the consumer becomes a copy of the producer's expression."""
     blk = sch.get(block)
-    pairs = ([(blk, sch.get(p)) for p in sch.get_producers(block)] if reverse
-             else [(sch.get(c), blk) for c in sch.get_consumers(block)])
-    for consumer, producer in pairs:
+    pairs = ([(block, p) for p in sch.get_producers(block)] if reverse
+             else [(c, block) for c in sch.get_consumers(block)])
+    for consumer_rv, producer_rv in pairs:
+        consumer, producer = sch.get(consumer_rv), sch.get(producer_rv)
+        # a concatenation read permuted (an LSTM's steps stacked along time, then transposed)
+        # stays a loop per input (_schedule_concat): inlined, its reader tested every input's
+        # bounds at each element (Sequencer2D's 64-way one: 640 us a call)
+        if (not _reads_elementwise(sch, consumer_rv, producer_rv)
+                and _concat_axis(sch, producer_rv, sch.get_loops(producer_rv)) is not None):
+            return False
         if len(producer.writes) != 1:
             continue
         text = _body_text(consumer.body)

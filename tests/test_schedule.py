@@ -1020,6 +1020,29 @@ def test_a_strided_convolution_pads_its_input_tile_by_tile(cin, cout, k, in_tile
     np.testing.assert_allclose(_run(func, a, w, out_shape=(1, out, out, cout)), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("then", ["reshape", "transpose"])
+def test_steps_stacked_along_time_are_copied_one_loop_per_step(then):
+    # an LSTM's outputs, one per step, concatenated along time (an outer axis) and read
+    # reshaped or transposed: inlined into that reader, every element tested every step's
+    # bounds (Sequencer2D's 64-way stacking kernel 640 us a call); as a loop per step, each a
+    # plain vectorised copy, 57 us
+    from tvm import te
+    from tvm import topi
+
+    steps = [te.placeholder((1, 8, 32), name=f"h{t}") for t in range(6)]
+    stacked = topi.concatenate(steps, axis=0)
+    out = (topi.reshape(stacked, (48, 32)) if then == "reshape"
+           else topi.reshape(topi.transpose(stacked, (1, 0, 2)), (8, 192)))
+    func = schedule_cpu(te.create_prim_func([*steps, out]), lanes=16, acc=16)
+    copies = [b for b in re.findall(r'T.sblock\("(\w+)"\)', func.script()) if re.search(r"_ax\d+_\d+$", b)]
+    assert len(copies) == 6
+    rng = np.random.default_rng(0)
+    hs = [rng.standard_normal((1, 8, 32)).astype("float32") for _ in steps]
+    want = np.concatenate(hs, axis=0)
+    want = want.reshape(48, 32) if then == "reshape" else want.transpose(1, 0, 2).reshape(8, 192)
+    np.testing.assert_array_equal(_run(func, *hs, out_shape=want.shape), want)
+
+
 @pytest.mark.parametrize("channels, parallel", [(2048, True), (64, False)])
 def test_a_big_transpose_runs_in_parallel_though_it_does_not_vectorise(channels, parallel):
     # NHWC -> NCHW at a CNN's output: 7x7 positions innermost do not vectorise, and each element
