@@ -304,8 +304,8 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
             continue
         var = blk.iter_vars[next(iter(driven[axis]))].var
         starts, inputs = {0}, set()
-        for region in blk.reads:
-            for rng in region.region:
+        for region in blk.reads:  # along the innermost axis, offsets in the inputs' own last axis
+            for rng in region.region[-1:] if axis == len(loops) - 1 else region.region:
                 coefs = list(detect_linear_equation(rng.min, [var]))
                 if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
                     starts.add(-int(coefs[1].value))
@@ -320,6 +320,14 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
     return None
 
 
+# a concatenation along an outer axis of fewer inputs (a class token before the patch tokens,
+# a rotary embedding's halves) keeps the schedule of a plain copy or transpose (tiles, threads):
+# split per input, EVA-02's rotary kernel ran 30 -> 49 us, TNT's class-token one 9.6 -> 18.8 us;
+# Sequencer2D's LSTMs stack 16 steps. Nor is a concatenation of fewer inputs kept out of a
+# reader that reshapes or transposes it (_inline_fits)
+OUTER_CONCAT_INPUTS = 3
+
+
 def _concat_segments(
     sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int
 ) -> tuple[int, list[int]] | None:
@@ -329,8 +337,9 @@ def _concat_segments(
     if concat is None:
         return None
     axis, segments = concat
-    if axis == len(loops) - 1 and (_vector_width(math.gcd(*segments), lanes) is None
-                                   and _vector_width(_extent(sch, loops[axis]), lanes) is not None):
+    if axis < len(loops) - 1:  # see OUTER_CONCAT_INPUTS
+        return concat if len(segments) >= OUTER_CONCAT_INPUTS else None
+    if _vector_width(math.gcd(*segments), lanes) is None and _vector_width(_extent(sch, loops[axis]), lanes) is not None:
         return None
     return concat
 
@@ -348,7 +357,7 @@ def _schedule_concat(
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
     else:  # along an outer axis: the loops outside it run in parallel
         outer = (sch.fuse(*loops[:axis]) if axis > 1 else loops[0]) if axis else None
-        if axis + 2 < len(loops):  # the loops inside it, one run each input's copy vectorises
+        if axis + 2 < len(loops):  # the loops inside it as one, which each input's copy vectorises
             sch.fuse(*loops[axis + 1:])
     # partitioned loops do not start at 0, which split refuses: partition whole runs of `step`
     step = math.gcd(*segments)
@@ -1705,8 +1714,8 @@ def _try_inline(sch: s_tir.Schedule, infos: list) -> list:
 def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: bool = False) -> bool:
     """Whether inlining `block` (into its consumers; with `reverse`, into its producer) leaves
     every block it joins within MAX_INLINED_CHARS of TIR: each read of the producer's buffer
-    in the consumer becomes a copy of the producer's expression."""
-    blk = sch.get(block)
+    in the consumer becomes a copy of the producer's expression. Never a concatenation into a
+    reader that reshapes or transposes it."""
     pairs = ([(block, p) for p in sch.get_producers(block)] if reverse
              else [(c, block) for c in sch.get_consumers(block)])
     for consumer_rv, producer_rv in pairs:
@@ -1714,9 +1723,10 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
         # a concatenation read permuted (an LSTM's steps stacked along time, then transposed)
         # stays a loop per input (_schedule_concat): inlined, its reader tested every input's
         # bounds at each element (Sequencer2D's 64-way one: 640 us a call)
-        if (not _reads_elementwise(sch, consumer_rv, producer_rv)
-                and _concat_axis(sch, producer_rv, sch.get_loops(producer_rv)) is not None):
-            return False
+        if not _reads_elementwise(sch, consumer_rv, producer_rv):
+            concat = _concat_axis(sch, producer_rv, sch.get_loops(producer_rv))
+            if concat is not None and len(concat[1]) >= OUTER_CONCAT_INPUTS:
+                return False
         if len(producer.writes) != 1:
             continue
         text = _body_text(consumer.body)
