@@ -339,7 +339,8 @@ def _concat_segments(
     axis, segments = concat
     if axis < len(loops) - 1:  # see OUTER_CONCAT_INPUTS
         return concat if len(segments) >= OUTER_CONCAT_INPUTS else None
-    if _vector_width(math.gcd(*segments), lanes) is None and _vector_width(_extent(sch, loops[axis]), lanes) is not None:
+    if (_vector_width(math.gcd(*segments), lanes) is None
+            and _vector_width(_extent(sch, loops[axis]), lanes) is not None):
         return None
     return concat
 
