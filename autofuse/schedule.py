@@ -303,19 +303,20 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
         if extent is None or len(driven[axis]) != 1:
             continue
         var = blk.iter_vars[next(iter(driven[axis]))].var
+        outer = axis < len(loops) - 1
         starts, inputs = {0}, set()
         for region in blk.reads:  # along the innermost axis, offsets in the inputs' own last axis
-            for rng in region.region[-1:] if axis == len(loops) - 1 else region.region:
+            for rng in region.region if outer else region.region[-1:]:
                 coefs = list(detect_linear_equation(rng.min, [var]))
                 if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
                     starts.add(-int(coefs[1].value))
                     inputs.add(region.source.name)
-        # an input of one step along the axis is read at index 0, no offset: its start is in
-        # the test that picks it (`15 <= v1`)
-        name = re.escape(str(var.name))
-        starts.update(int(c) for c in re.findall(rf"(?:T\.int\d+\()?(\d+)\)? <= {name}(?![\w.])", text))
+        if outer:  # a step read at index 0 has its start in the test that picks it (`15 <= v1`)
+            name = re.escape(str(var.name))
+            starts.update(int(c) for c in re.findall(rf"(?:T\.int\d+\()?(\d+)\)? <= {name}(?![\w.])", text))
         bounds = sorted(b for b in starts if 0 <= b < extent)
-        if len(bounds) > 1 and len(inputs) > 1:  # one input: a padding, not a concatenation
+        # along an outer axis, reads of one input offset: a padding, not a concatenation
+        if len(bounds) > 1 and (len(inputs) > 1 or not outer):
             return axis, [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
     return None
 
@@ -353,22 +354,18 @@ def _schedule_concat(
     away and the loop vectorises. Inlined whole, every element tested all the boundaries:
     DenseNet's batch-norm-ReLU over the concatenation of 25 inputs, 4x4x1024, ran ~50 us."""
     work = _work(sch, block)  # the block is copied into each loop below, and then gone
-    inner_axis = axis == len(loops) - 1
-    if inner_axis:
-        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
-    else:  # along an outer axis: the loops outside it run in parallel
-        outer = (sch.fuse(*loops[:axis]) if axis > 1 else loops[0]) if axis else None
-        if axis + 2 < len(loops):  # the loops inside it as one, which each input's copy vectorises
-            sch.fuse(*loops[axis + 1:])
+    # the loops outside the axis run in parallel; those inside it (along an outer axis) as one,
+    # which each input's copy vectorises
+    outer = (sch.fuse(*loops[:axis]) if axis > 1 else loops[0]) if axis else None
+    if axis + 2 < len(loops):
+        sch.fuse(*loops[axis + 1:])
     # partitioned loops do not start at 0, which split refuses: partition whole runs of `step`
     step = math.gcd(*segments)
-    runs, inner = sch.split(loops[axis], [None, step])
-    width = _vector_width(step, lanes) if inner_axis else None
+    runs, _ = sch.split(loops[axis], [None, step])
     for part in sch.loop_partition(runs, [n // step for n in segments[:-1]] + [None]):
-        for copy in sch.get_child_blocks(part):
+        for copy in sch.get_child_blocks(part):  # its innermost loop: the run of `step`, or the inner axes
             last = sch.get_loops(copy)[-1]
-            if not inner_axis:
-                width = _vector_width(_extent(sch, last), lanes)
+            width = _vector_width(_extent(sch, last), lanes)
             if width is not None:
                 sch.vectorize(sch.split(last, [None, width])[1])
     if outer is not None and work >= MIN_PARALLEL_WORK and (_extent(sch, outer) or 2) > 1:
@@ -1660,11 +1657,12 @@ def _pad_in_tiles(
 ) -> s_tir.Schedule | None:
     """Pad a convolution's input tile by tile, each tile the rows and columns its outputs read,
     rather than into a padded copy of the whole image first. The copy wrote an image-sized
-    buffer to memory to read it back (MobileNetV4's 112x112x32 stride-2 3x3 convolution: 36 of
-    its 190 us); per tile the padded window is written to and read from L1. Neighbouring tiles
-    overlap and pad some elements twice: declined where that would pad each element more than
-    PAD_REDUNDANCY times over, or where the window's extent varies from tile to tile (tiles
-    across image rows). A copy of the schedule with the pad placed, or None."""
+    buffer to memory to read it back (MobileNetV4's 112x112x32 stride-2 3x3 convolution: 40 of
+    its 194 us, scripts/pad_cost.py); per tile the padded window is written to and read from
+    L1. Neighbouring tiles overlap and pad some elements twice: declined where that would pad
+    each element more than PAD_REDUNDANCY times over, or where the window's extent varies from
+    tile to tile (tiles across image rows). A copy of the schedule with the pad placed, or
+    None."""
     consumers = sch.get_consumers(block)
     loop = anchors.get(sch.get(consumers[0]).name_hint) if len(consumers) == 1 else None
     shape = sch.get(block).writes[0].source.shape

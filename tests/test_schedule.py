@@ -1043,6 +1043,24 @@ def test_steps_stacked_along_time_are_copied_one_loop_per_step(then):
     np.testing.assert_array_equal(_run(func, *hs, out_shape=want.shape), want)
 
 
+def test_a_channel_concatenation_with_an_input_read_transposed_is_copied_per_input():
+    # RDNet joins a channels-last map and an NCHW one along the channels: only one input's
+    # channel index is offset (the other's is not in its last axis), and it is still a
+    # concatenation, copied one loop per input, not a padding
+    from tvm import te
+
+    a = te.placeholder((1, 8, 8, 64), name="a")
+    b = te.placeholder((1, 64, 8, 8), name="b")
+    out = te.compute((1, 8, 8, 128), lambda n, h, w, c: te.if_then_else(
+        c >= 64, a[n, h, w, c - 64], b[n, c, h, w]), name="cat")
+    func = schedule_cpu(te.create_prim_func([a, b, out]), lanes=16, acc=16)
+    assert len([n for n in re.findall(r'T.sblock\("(\w+)"\)', func.script()) if re.search(r"_ax\d+_\d+$", n)]) == 2
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((1, 8, 8, 64)).astype("float32"), rng.standard_normal((1, 64, 8, 8)).astype("float32")
+    want = np.concatenate([y.transpose(0, 2, 3, 1), x], axis=-1)
+    np.testing.assert_array_equal(_run(func, x, y, out_shape=(1, 8, 8, 128)), want)
+
+
 @pytest.mark.parametrize("channels, parallel", [(2048, True), (64, False)])
 def test_a_big_transpose_runs_in_parallel_though_it_does_not_vectorise(channels, parallel):
     # NHWC -> NCHW at a CNN's output: 7x7 positions innermost do not vectorise, and each element
