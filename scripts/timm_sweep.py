@@ -29,7 +29,13 @@ MODELS = ("convnext_atto efficientformer_l1 mobilevit_xxs:256 tiny_vit_5m_224 fa
           "mobileone_s0 resnest14d skresnet18 botnet26t_256:256 lambda_resnet26t:256 coatnet_0_rw_224 "
           "pit_ti_224 tnt_s_patch16_224 mobilenetv4_conv_small hgnetv2_b0 efficientvit_b0 inception_next_tiny "
           "nextvit_small dla34 hrnet_w18_small xcit_nano_12_p16_224 poolformer_s12 res2net50_14w_8s "
-          "visformer_tiny swinv2_cr_tiny_ns_224 rdnet_tiny halonet26t:256 volo_d1_224").split()
+          "visformer_tiny swinv2_cr_tiny_ns_224 rdnet_tiny halonet26t:256 volo_d1_224 "
+          # added 2026-12-07: families none of the above belongs to
+          "deit_tiny_patch16_224 resmlp_12_224 gmixer_12_224 dpn68 tf_efficientnetv2_b0 ghostnetv2_100 lcnet_050 "
+          "ese_vovnet19b_dw selecsls42b rexnet_100 nf_regnet_b0 mobilevitv2_050:256 coat_lite_tiny "
+          "maxvit_nano_rw_256:256 repghostnet_100 efficientformerv2_s0 starnet_s1 mambaout_femto regnetz_b16 "
+          "ecaresnet26t sebotnet33ts_256:256 gcresnet33ts convnextv2_atto efficientvit_m0 poolformerv2_s12 "
+          "inception_v3:299 twins_svt_small").split()
 
 RECHECK_BELOW = 0.9  # onnxruntime / TVM's plan under which a model is timed a second time
 
