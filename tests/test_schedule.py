@@ -1175,29 +1175,39 @@ def test_a_depthwise_window_is_unrolled_along_the_rows_it_slides_over(depthwise)
     # output pixel w reads input pixel w + kw: unrolled over kw, the vector loaded for row w at
     # tap kw is the one row w - 1 needs at kw + 1, and LLVM loads it once (MobileNetV2-224's ten
     # depthwise convolutions 1.25x). A convolution's rows read one broadcast each: unchanged
+    prim, check = _window_conv(depthwise, 8, 14)
+    func = schedule_cpu(prim, lanes=16, acc=16)
+    assert ((3, "unroll") in _update_loops(func)) == depthwise
+    check(func)
+
+
+def _window_conv(depthwise, height, width):
+    """A 3x3 window over a padded NHWC input of 32 channels, per channel (depthwise) or into 32
+    output channels: the PrimFunc, and a check of a schedule of it against numpy."""
     from tvm import te
 
-    x = te.placeholder((1, 10, 16, 32), name="x")  # padded input of a 3x3 window
+    x = te.placeholder((1, height + 2, width + 2, 32), name="x")
     ry, rx = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx")
     if depthwise:
         b = te.placeholder((3, 3, 32), name="B")
-        y = te.compute((1, 8, 14, 32), lambda n, h, w, c: te.sum(x[n, h + ry, w + rx, c] * b[ry, rx, c],
-                                                                 axis=[ry, rx]), name="conv")
+        y = te.compute((1, height, width, 32), lambda n, h, w, c: te.sum(x[n, h + ry, w + rx, c] * b[ry, rx, c],
+                                                                         axis=[ry, rx]), name="conv")
     else:
         b = te.placeholder((3, 3, 32, 32), name="B")
         rc = te.reduce_axis((0, 32), "rc")
-        y = te.compute((1, 8, 14, 32), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
-                                                                 axis=[ry, rx, rc]), name="conv")
-    func = schedule_cpu(te.create_prim_func([x, b, y]), lanes=16, acc=16)
-    assert ((3, "unroll") in _update_loops(func)) == depthwise
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((1, 10, 16, 32)).astype("float32")
-    w = rng.standard_normal([int(d) for d in b.shape]).astype("float32")
-    if depthwise:
-        want = sum(a[:, i:i + 8, j:j + 14, :] * w[i, j] for i in range(3) for j in range(3))
-    else:
-        want = sum(a[:, i:i + 8, j:j + 14, :] @ w[i, j] for i in range(3) for j in range(3))
-    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 8, 14, 32)), want, rtol=1e-4, atol=1e-4)
+        y = te.compute((1, height, width, 32), lambda n, h, w, o: te.sum(
+            x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
+
+    def check(func):
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((1, height + 2, width + 2, 32)).astype("float32")
+        w = rng.standard_normal([int(d) for d in b.shape]).astype("float32")
+        window = [a[:, i:i + height, j:j + width, :] for i in range(3) for j in range(3)]
+        want = sum(v * w[k // 3, k % 3] if depthwise else v @ w[k // 3, k % 3] for k, v in enumerate(window))
+        got = _run(func, a, w, out_shape=(1, height, width, 32))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+    return te.create_prim_func([x, b, y]), check
 
 
 def _prefetches(func):
@@ -1757,28 +1767,9 @@ def test_a_depthwise_tile_stays_on_the_stack_a_convolutions_need_not(depthwise):
     # zeroed, stored and copied at every tile, cost more than it computed (ESE-VoVNet's
     # 56x56x128 one in 8x2 tiles of 16 lanes, 1 KiB: 50-52 us alone; 7x2 tiles on the stack
     # 37 us). A convolution's 288-step reduction keeps AVX-512's 8x2 tiles, pooled
-    from tvm import te
-
-    x = te.placeholder((1, 58, 58, 32), name="x")  # padded input of a 3x3 window
-    ry, rx = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx")
-    if depthwise:
-        b = te.placeholder((3, 3, 32), name="B")
-        y = te.compute((1, 56, 56, 32), lambda n, h, w, c: te.sum(x[n, h + ry, w + rx, c] * b[ry, rx, c],
-                                                                  axis=[ry, rx]), name="conv")
-    else:
-        b = te.placeholder((3, 3, 32, 32), name="B")
-        rc = te.reduce_axis((0, 32), "rc")
-        y = te.compute((1, 56, 56, 32), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
-                                                                  axis=[ry, rx, rc]), name="conv")
-    func = schedule_cpu(te.create_prim_func([x, b, y]), lanes=16, acc=24)
+    prim, check = _window_conv(depthwise, 56, 56)
+    func = schedule_cpu(prim, lanes=16, acc=24)
     assert "T.parallel" in func.script()
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     assert ("TVMBackendAllocWorkspace" in lib.mod.inspect_source("ll")) != depthwise
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((1, 58, 58, 32)).astype("float32")
-    w = rng.standard_normal([int(d) for d in b.shape]).astype("float32")
-    if depthwise:
-        want = sum(a[:, i:i + 56, j:j + 56, :] * w[i, j] for i in range(3) for j in range(3))
-    else:
-        want = sum(a[:, i:i + 56, j:j + 56, :] @ w[i, j] for i in range(3) for j in range(3))
-    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 56, 56, 32)), want, rtol=1e-4, atol=1e-4)
+    check(func)
