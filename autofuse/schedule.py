@@ -842,7 +842,8 @@ def _gemm_tiles(
     """Register tiles for matmul/conv-like blocks: a (rows x 1-2 vectors) accumulator kept in a
     local buffer across the whole reduction, rows unrolled, columns vectorised; tiles in
     parallel. `acc`: accumulator registers (see ACCUMULATORS)."""
-    if not _broadcast_rows(sch, block, s_vars[row], s_vars[-1]):
+    wide = _broadcast_rows(sch, block, s_vars[row], s_vars[-1])  # as rows merge below, too
+    if not wide:
         width = _lane_width(sch, block, s_vars[-1], _extent(sch, s_loops[-1]), lanes)
         acc = min(acc, _stack_accumulators(sch, block, width or lanes))
     s_loops, s_vars, row, fused_rows, r_loops, flat = _image_rows(sch, block, s_loops, s_vars, row, lanes, acc, r_loops)
@@ -866,7 +867,7 @@ def _gemm_tiles(
     if ext_i == 1:  # one row: the accumulators go to columns, whole cache lines of B per k
         ti, tv = 1, max(v for v in range(1, acc // 2 + 1) if vectors % v == 0)
     else:
-        ti, tv = _tile_shape(ext_i, vectors, acc, _broadcast_rows(sch, block, s_vars[row], s_vars[-1]), fused_rows)
+        ti, tv = _tile_shape(ext_i, vectors, acc, wide, fused_rows)
     if image_row is not None and _straddles(tv * width, image_row):
         # a column tile over fused image rows must hold whole rows or lie within one: its
         # write-back covers a box of whole image rows, outputs it never computed included (a
