@@ -293,10 +293,10 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
     is one (its value a chain of if_then_else, its reads of two inputs or more offset along one
     axis by the start of each); None otherwise. The innermost axis first (channels-last feature
     maps), else the outermost one that is (an LSTM's steps, stacked along time)."""
-    driven = _driven(sch, block, loops)
     blk = sch.get(block)
     text = _body_text(blk.body)
-    if driven is None or "if_then_else" not in text:
+    driven = _driven(sch, block, loops) if "if_then_else" in text else None  # the cheap test first
+    if driven is None:
         return None
     for axis in [len(loops) - 1, *range(len(loops) - 1)]:
         extent = _extent(sch, loops[axis])

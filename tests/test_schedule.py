@@ -975,20 +975,26 @@ def test_a_tiles_intermediate_is_local_to_the_tile_a_shared_one_is_not():
     np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 8, 8, 64)), want, rtol=1e-4, atol=1e-4)
 
 
-def _padded_conv(side, cin, cout, k, stride):
-    """x (NHWC) zero-padded by k // 2, then a k x k convolution at the stride, as topi writes it."""
+def _padded_conv(side, cin, cout, k, stride, constant_weights=False):
+    """x (NHWC) zero-padded by k // 2 (k an int, or (kh, kw)), then a k x k convolution at the
+    stride, as topi writes it; with `constant_weights`, weights the schedule may re-lay
+    (LAYOUT_FREE_ATTR), as ONNX import binds them."""
     from tvm import te
 
-    p = k // 2
+    from autofuse.schedule import LAYOUT_FREE_ATTR
+
+    kh, kw = (k, k) if isinstance(k, int) else k
+    ph, pw = kh // 2, kw // 2
     x = te.placeholder((1, side, side, cin), name="x")
-    b = te.placeholder((k, k, cin, cout), name="B")
-    pad = te.compute((1, side + 2 * p, side + 2 * p, cin), lambda n, h, w, c: te.if_then_else(
-        te.all(h >= p, h < side + p, w >= p, w < side + p), x[n, h - p, w - p, c], 0.0), name="pad")
-    out = (side + 2 * p - k) // stride + 1
-    ry, rx, rc = te.reduce_axis((0, k), "ry"), te.reduce_axis((0, k), "rx"), te.reduce_axis((0, cin), "rc")
+    b = te.placeholder((kh, kw, cin, cout), name="B")
+    pad = te.compute((1, side + 2 * ph, side + 2 * pw, cin), lambda n, h, w, c: te.if_then_else(
+        te.all(h >= ph, h < side + ph, w >= pw, w < side + pw), x[n, h - ph, w - pw, c], 0.0), name="pad")
+    out = (side + 2 * ph - kh) // stride + 1
+    ry, rx, rc = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx"), te.reduce_axis((0, cin), "rc")
     conv = te.compute((1, out, out, cout), lambda n, h, w, o: te.sum(
         pad[n, h * stride + ry, w * stride + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
-    return te.create_prim_func([x, b, conv]), out
+    prim = te.create_prim_func([x, b, conv])
+    return (prim.with_attr(LAYOUT_FREE_ATTR, [1]) if constant_weights else prim), out
 
 
 @pytest.mark.parametrize(("cin", "cout", "k", "in_tiles"), [
@@ -1020,6 +1026,11 @@ def test_a_strided_convolution_pads_its_input_tile_by_tile(cin, cout, k, in_tile
     np.testing.assert_allclose(_run(func, a, w, out_shape=(1, out, out, cout)), want, rtol=1e-4, atol=1e-4)
 
 
+def _copies_per_input(func):
+    """How many blocks loop_partition made of a concatenation (one per input: `..._ax1_0`)."""
+    return len([b for b in re.findall(r'T.sblock\("(\w+)"\)', func.script()) if re.search(r"_ax\d+_\d+$", b)])
+
+
 @pytest.mark.parametrize("then", ["reshape", "transpose"])
 def test_steps_stacked_along_time_are_copied_one_loop_per_step(then):
     # an LSTM's outputs, one per step, concatenated along time (an outer axis) and read
@@ -1034,8 +1045,7 @@ def test_steps_stacked_along_time_are_copied_one_loop_per_step(then):
     out = (topi.reshape(stacked, (48, 32)) if then == "reshape"
            else topi.reshape(topi.transpose(stacked, (1, 0, 2)), (8, 192)))
     func = schedule_cpu(te.create_prim_func([*steps, out]), lanes=16, acc=16)
-    copies = [b for b in re.findall(r'T.sblock\("(\w+)"\)', func.script()) if re.search(r"_ax\d+_\d+$", b)]
-    assert len(copies) == 6
+    assert _copies_per_input(func) == 6
     rng = np.random.default_rng(0)
     hs = [rng.standard_normal((1, 8, 32)).astype("float32") for _ in steps]
     want = np.concatenate(hs, axis=0)
@@ -1054,7 +1064,7 @@ def test_a_channel_concatenation_with_an_input_read_transposed_is_copied_per_inp
     out = te.compute((1, 8, 8, 128), lambda n, h, w, c: te.if_then_else(
         c >= 64, a[n, h, w, c - 64], b[n, c, h, w]), name="cat")
     func = schedule_cpu(te.create_prim_func([a, b, out]), lanes=16, acc=16)
-    assert len([n for n in re.findall(r'T.sblock\("(\w+)"\)', func.script()) if re.search(r"_ax\d+_\d+$", n)]) == 2
+    assert _copies_per_input(func) == 2
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((1, 8, 8, 64)).astype("float32"), rng.standard_normal((1, 64, 8, 8)).astype("float32")
     want = np.concatenate([y.transpose(0, 2, 3, 1), x], axis=-1)
@@ -1714,24 +1724,6 @@ def test_roi_align_runs_its_channels_innermost_and_matches_the_plain_loops():
     np.testing.assert_allclose(tuned, plain, rtol=1e-5, atol=1e-5)
 
 
-def _conv_rows(side, cin, cout, kh, kw):
-    """x (NHWC) zero-padded by (kh // 2, kw // 2), then a kh x kw convolution whose weights are
-    constants the schedule may re-lay (LAYOUT_FREE_ATTR), as ONNX import binds them."""
-    from tvm import te
-
-    from autofuse.schedule import LAYOUT_FREE_ATTR
-
-    ph, pw = kh // 2, kw // 2
-    x = te.placeholder((1, side, side, cin), name="x")
-    b = te.placeholder((kh, kw, cin, cout), name="B")
-    pad = te.compute((1, side + 2 * ph, side + 2 * pw, cin), lambda n, h, w, c: te.if_then_else(
-        te.all(h >= ph, h < side + ph, w >= pw, w < side + pw), x[n, h - ph, w - pw, c], 0.0), name="pad")
-    ry, rx, rc = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx"), te.reduce_axis((0, cin), "rc")
-    conv = te.compute((1, side, side, cout), lambda n, h, w, o: te.sum(
-        pad[n, h + ry, w + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
-    return te.create_prim_func([x, b, conv]).with_attr(LAYOUT_FREE_ATTR, [1])
-
-
 @pytest.mark.parametrize(("side", "grouped"), [(17, False), (16, True)])
 def test_streamed_rows_split_into_parallel_groups_only_over_whole_tiles(side, grouped):
     # Inception-v3's 7x1 convolutions 192 -> 192 on 17x17: 1 MiB of weights to stream, 289
@@ -1745,7 +1737,8 @@ def test_streamed_rows_split_into_parallel_groups_only_over_whole_tiles(side, gr
 
     from autofuse.schedule import pack_array
 
-    func = schedule_cpu(_conv_rows(side, 192, 192, 7, 1), lanes=16, acc=24)
+    prim, _ = _padded_conv(side, 192, 192, (7, 1), 1, constant_weights=True)
+    func = schedule_cpu(prim, lanes=16, acc=24)
     sch = s_tir.Schedule(func)
     par = sch.get(sch.get_loops(sch.get_sblock("conv_update"))[0])
     assert par.kind == tirx.ForKind.PARALLEL
