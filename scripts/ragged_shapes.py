@@ -10,7 +10,10 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
 - fivewide: a convolution into 40 or 200 channels (5 or 25 vectors of 8 lanes) with and without
   schedule._five_wide's tiles five vectors wide (AVX-512 hosts; 1 vector wide without);
 - dilation: an atrous 3x3 convolution (DeepLabV3's ASPP: 960 -> 256 channels on 14x14, padding =
-  dilation) with and without tvm_bridge.LiveTaps (taps that read only padding left out).
+  dilation) with and without tvm_bridge.LiveTaps (taps that read only padding left out);
+- streamed: a kernel x 1 convolution (Inception's 7x1; `--kernel 3` a 3x3 one) on images whose
+  pixels no row tile divides (17x17, 13x13), its weights streamed, with and without
+  schedule._stream_tiles keeping such tiles out of parallel row groups.
 
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 255,256 --image 20
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 1,2,3,8 --image 64
@@ -19,6 +22,8 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 40
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 240 --kernel 1
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py dilation --sizes 12,24,36 --image 14 --in-channels 960
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 17,16 --in-channels 192 --kernel 7
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 13 --in-channels 96 --kernel 3
 """
 
 import argparse
@@ -36,6 +41,14 @@ def conv2d(channels: int, image: int, c_in: int, kernel: int = 3) -> tuple[tvm.I
     """NCHW input and OIHW weights, as an ONNX model imports; normalisation makes them NHWC."""
     w = np.random.default_rng(0).standard_normal((channels, c_in, kernel, kernel)).astype("float32")
     return _module((1, c_in, image, image), lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=kernel // 2))
+
+
+def tall(side: int, channels: int, kernel: int) -> tuple[tvm.IRModule, tuple[int, ...]]:
+    """A kernel x 1 convolution, channels -> channels, on a side x side image (3 x 3 where kernel is 3)."""
+    width = 3 if kernel == 3 else 1
+    w = (np.random.default_rng(0).standard_normal((channels, channels, kernel, width)) * 0.05).astype("float32")
+    return _module((1, channels, side, side),
+                   lambda x: relax.op.nn.conv2d(x, relax.const(w), padding=(kernel // 2, width // 2)))
 
 
 def atrous(dilation: int, image: int, c_in: int, channels: int = 256) -> tuple[tvm.IRModule, tuple[int, ...]]:
@@ -66,8 +79,8 @@ def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation"])
-    ap.add_argument("--sizes", default="255,256", help="output channels, output frames, or dilations")
+    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation", "streamed"])
+    ap.add_argument("--sizes", default="255,256", help="output channels, output frames, dilations, or image sides")
     ap.add_argument("--image", type=int, default=20, help="channels, fivewide: image height and width")
     ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
     ap.add_argument("--kernel", type=int, default=3, help="channels, fivewide: the convolution's kernel size")
@@ -78,12 +91,17 @@ def main() -> None:
             "frames": (tvm_bridge, "WholeTileRows", lambda: unchanged),
             "transpose": (schedule, "_transpose_tile", lambda *_: None),
             "fivewide": (schedule, "_five_wide", lambda *_: ()),
-            "dilation": (tvm_bridge, "LiveTaps", lambda: unchanged)}[args.case]
+            "dilation": (tvm_bridge, "LiveTaps", lambda: unchanged),
+            "streamed": (schedule, "_stream_tiles", None)}[args.case]
     original = getattr(rule[0], rule[1])
+    if rule[2] is None:  # streamed: tiles split into row groups whether or not the last is partial
+        rule = (*rule[:2], lambda *a: original(*a[:-1], False))
     config = build.MeasureConfig(repeat=9)
     for size in (int(s) for s in args.sizes.split(",")):
         if args.case in ("channels", "fivewide"):
             mod, shape = conv2d(size, args.image, args.in_channels or 64, args.kernel)
+        elif args.case == "streamed":
+            mod, shape = tall(size, args.in_channels or 192, args.kernel)
         elif args.case == "dilation":
             mod, shape = atrous(size, args.image, args.in_channels or 512)
         else:
