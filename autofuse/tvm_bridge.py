@@ -9,6 +9,7 @@ TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Orde
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import warnings
 from collections.abc import Callable
@@ -109,7 +110,7 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
         folded = relax.transform.FoldConstant()(mod)
         rewritten = ConstantIndexing()(folded)
         mod = rewritten if count_calls(rewritten, *indexing) < count_calls(folded, *indexing) else mod
-    mod = LiveTaps()(LayoutFriendlyOps()(mod))
+    mod = TapsApart()(LiveTaps()(LayoutFriendlyOps()(mod)))
     if count_calls(mod, *_CONVOLUTIONS):
         mod = relax.transform.FoldConstant()(mod)  # folded BN weights: ConvertLayout needs constants
         # transposed convolutions stay NCHW: TVM 0.27 lowers them in no other layout
@@ -1084,6 +1085,117 @@ class LiveTaps:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _rewrite_functions(mod, _TapTrimmer)
+
+
+# a convolution is split tap by tap (TapsApart) where its dense form runs at least this many
+# times the multiply-adds, in at most this many convolutions (a 3x3 960 -> 256 one on 14x14,
+# `scripts/ragged_shapes.py apart`: dilation 12, 5.4 times, 3.6x faster split; dilation 6,
+# 1.96 times, 1.3x; padding 1 on 4x4, 1.44 times, within noise; on 7x7, 1.22 times, 1.9x slower)
+TAPS_APART_GAIN = 1.75
+MAX_TAPS_APART = 9
+# nor over fewer output positions than this: reading its weights dominates (every tap's once
+# either way), and split it only launches more kernels (3x3 512 -> 256 on 2x2, gain 2.25:
+# 71.4 us dense, 71.8 split)
+TAPS_APART_OUTPUTS = 64
+# an axis along which the taps are kept together where splitting them leaves out less (a 3x3
+# convolution with padding 1 on a 14-pixel axis: 1.05 times)
+AXIS_APART_GAIN = 1.25
+
+
+def tap_outputs(size: int, kernel: int, stride: int, dilation: int, before: int, after: int) -> list[tuple[int, int]]:
+    """Along one axis of a convolution: for each tap, the output positions at which it reads
+    the input rather than padding, as (first, count); a contiguous range, since tap i reads
+    input r * stride + i * dilation - before at output r."""
+    out = (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+    ranges = []
+    for i in range(kernel):
+        first = max(0, -((i * dilation - before) // stride))  # ceil((before - i * dilation) / stride)
+        last = min(out - 1, (size - 1 + before - i * dilation) // stride)
+        ranges.append((first, max(0, last - first + 1)))
+    return ranges
+
+
+@relax.expr_functor.mutator
+class _TapSplitter(relax.PyExprMutator):
+    """Convolutions computed as sums of their taps, each over the outputs it reads the input
+    at (see TapsApart)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or call.op.name not in _CONVOLUTIONS:
+            return call
+        a, (data, weight) = call.attrs, call.args
+        data_layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
+        out_layout = str(a.out_layout) or data_layout
+        dims, wdims, out_dims = _static_dims(data.ty), _static_dims(weight.ty), _static_dims(call.ty)
+        spatial = [c for c in data_layout if c.isupper() and c not in "NC"]
+        pads = [int(p) for p in a.padding]
+        if dims is None or wdims is None or out_dims is None or len(pads) != 2 * len(spatial):
+            return call
+        taps = [tap_outputs(dims[data_layout.index(axis)], wdims[kernel_layout.index(axis)], int(a.strides[k]),
+                            int(a.dilation[k]), pads[k], pads[len(spatial) + k]) for k, axis in enumerate(spatial)]
+        outs = [out_dims[out_layout.index(axis)] for axis in spatial]
+        split = _axes_to_split(taps, outs) if math.prod(outs) >= TAPS_APART_OUTPUTS else ()
+        if not split:
+            return call
+        emit = self.builder_.normalize
+        parts = []
+        for chosen in itertools.product(*[[(i, r) for i, r in enumerate(taps[k]) if r[1]] if k in split else [None]
+                                          for k in range(len(spatial))]):
+            begin, end, wbegin, wend = [0] * len(dims), list(dims), [0] * len(wdims), list(wdims)
+            part_pads, widths = list(pads), [0] * (2 * len(out_dims))
+            for k, tap in enumerate(chosen):
+                if tap is None:
+                    continue
+                i, (first, count) = tap
+                d, w, o = data_layout.index(spatial[k]), kernel_layout.index(spatial[k]), out_layout.index(spatial[k])
+                stride, offset = int(a.strides[k]), i * int(a.dilation[k]) - pads[k]
+                begin[d], end[d] = first * stride + offset, (first + count - 1) * stride + offset + 1
+                wbegin[w], wend[w] = i, i + 1
+                part_pads[k] = part_pads[len(spatial) + k] = 0
+                widths[2 * o], widths[2 * o + 1] = first, out_dims[o] - first - count
+            part = emit(_CONVOLUTIONS[call.op.name](
+                emit(relax.op.strided_slice(data, list(range(len(dims))), begin, end)),
+                emit(relax.op.strided_slice(weight, list(range(len(wdims))), wbegin, wend)),
+                a.strides, part_pads, a.dilation, a.groups, data_layout, kernel_layout, a.out_layout, a.out_dtype))
+            parts.append(emit(relax.op.nn.pad(part, widths)) if any(widths) else part)
+        total = parts[0]
+        for part in parts[1:]:
+            total = emit(relax.op.add(total, part))
+        return total
+
+
+def _axes_to_split(taps: list[list[tuple[int, int]]], outs: list[int]) -> tuple[int, ...]:
+    """The spatial axes along which a convolution's taps are best computed apart (see
+    TapsApart): among the axes along which the dense form runs at least AXIS_APART_GAIN times
+    the multiply-adds, the set leaving out the most, in at most MAX_TAPS_APART convolutions, if
+    the dense form runs at least TAPS_APART_GAIN times as many; else none."""
+    gains, counts = {}, {}
+    for k, ranges in enumerate(taps):
+        live = sum(count for _, count in ranges)
+        if live and outs[k] * len(ranges) >= AXIS_APART_GAIN * live:
+            gains[k], counts[k] = outs[k] * len(ranges) / live, sum(1 for _, count in ranges if count)
+    best, best_gain = (), 1.0
+    for n in range(1, len(gains) + 1):
+        for axes in itertools.combinations(sorted(gains), n):
+            if math.prod(counts[k] for k in axes) <= MAX_TAPS_APART and math.prod(gains[k] for k in axes) > best_gain:
+                best, best_gain = axes, math.prod(gains[k] for k in axes)
+    return best if best_gain >= TAPS_APART_GAIN else ()
+
+
+@tvm.transform.module_pass(opt_level=0, name="AutofuseTapsApart")
+class TapsApart:
+    """Convolutions whose taps read mostly padding computed as the sum of their taps, each a
+    convolution over only the output positions at which it reads the input (no padding), zero
+    elsewhere: DeepLabV3's ASPP at 224x224, dilation 12 on a 14x14 map, whose outer taps read
+    the image at 2 of 14 rows and columns, runs 18% of its multiply-adds that way (LiveTaps
+    leaves it as it is: every tap reads the image somewhere), and reads each tap's weights
+    once. Taps are split along the axes where that leaves out the most work, if enough
+    (TAPS_APART_GAIN), in at most MAX_TAPS_APART convolutions: an ordinary 3x3 convolution
+    with padding 1 keeps 82% of its work on a 7x7 map and is left as it is."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _rewrite_functions(mod, _TapSplitter)
 
 
 def count_calls(mod: tvm.IRModule, *names: str) -> int:

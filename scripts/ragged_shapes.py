@@ -11,6 +11,8 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
   schedule._five_wide's tiles five vectors wide (AVX-512 hosts; 1 vector wide without);
 - dilation: an atrous 3x3 convolution (DeepLabV3's ASPP: 960 -> 256 channels on 14x14, padding =
   dilation) with and without tvm_bridge.LiveTaps (taps that read only padding left out);
+- apart: the same convolution with and without tvm_bridge.TapsApart (the sum of its taps, each
+  computed over the outputs at which it reads the image);
 - streamed: a kernel x 1 convolution (Inception's 7x1; `--kernel 3` a 3x3 one) on images whose
   pixels no row tile divides (17x17, 13x13), its weights streamed, with and without
   schedule._stream_tiles keeping such tiles out of parallel row groups.
@@ -22,6 +24,7 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 40
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py fivewide --sizes 40 --image 28 --in-channels 240 --kernel 1
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py dilation --sizes 12,24,36 --image 14 --in-channels 960
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py apart --sizes 6,12 --image 14 --in-channels 960
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 17,16 --in-channels 192 --kernel 7
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 13 --in-channels 96 --kernel 3
 """
@@ -79,7 +82,7 @@ def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation", "streamed"])
+    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation", "apart", "streamed"])
     ap.add_argument("--sizes", default="255,256", help="output channels, output frames, dilations, or image sides")
     ap.add_argument("--image", type=int, default=20, help="channels, fivewide: image height and width")
     ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
@@ -92,6 +95,7 @@ def main() -> None:
             "transpose": (schedule, "_transpose_tile", lambda *_: None),
             "fivewide": (schedule, "_five_wide", lambda *_: ()),
             "dilation": (tvm_bridge, "LiveTaps", lambda: unchanged),
+            "apart": (tvm_bridge, "TapsApart", lambda: unchanged),
             "streamed": (schedule, "_stream_tiles", None)}[args.case]
     original = getattr(rule[0], rule[1])
     if rule[2] is None:  # streamed: tiles split into row groups whether or not the last is partial
@@ -102,7 +106,7 @@ def main() -> None:
             mod, shape = conv2d(size, args.image, args.in_channels or 64, args.kernel)
         elif args.case == "streamed":
             mod, shape = tall(size, args.in_channels or 192, args.kernel)
-        elif args.case == "dilation":
+        elif args.case in ("dilation", "apart"):
             mod, shape = atrous(size, args.image, args.in_channels or 512)
         else:
             mod, shape = (conv1d if args.case == "frames" else transpose)(size, args.in_channels or 512)

@@ -752,7 +752,9 @@ def test_indices_computed_from_constants_are_folded_first_and_only_when_some_are
     ("conv1d", (4,), (7,), 1, 2, 6, 1, (3,)),
     ("conv3d", (1, 5, 5), (3, 3, 3), 1, 1, 1, 1, (1, 3, 3)),  # one frame
 ])
-def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dilation, padding, groups, computed):
+def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dilation, padding, groups, computed,
+                                                  monkeypatch):
+    monkeypatch.setattr(tvm_bridge, "TAPS_APART_GAIN", float("inf"))  # one convolution, as LiveTaps leaves it
     rng = np.random.default_rng(8)
     shape = (1, 8, *image)
     conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
@@ -778,3 +780,42 @@ def test_live_taps_along_one_axis():
     assert live_taps(14, 3, 1, 1, 1, 1) is None  # an ordinary 3x3 convolution is left as it is
     assert live_taps(14, 3, 1, 36, 36, 36) == (1, 1, 0, 0)  # the centre tap alone, no padding
     assert live_taps(2, 7, 1, 1, 3, 3) == (2, 3, 1, 1)  # 7 taps over 2 pixels: the middle 3
+
+
+def test_each_taps_outputs_along_one_axis():
+    from autofuse.tvm_bridge import tap_outputs
+
+    # dilation 12 on 14 pixels: the outer taps read the image at 2 outputs each, the centre at all
+    assert tap_outputs(14, 3, 1, 12, 12, 12) == [(12, 2), (0, 14), (0, 2)]
+    assert tap_outputs(7, 3, 1, 1, 1, 1) == [(1, 6), (0, 7), (0, 6)]
+    assert tap_outputs(6, 3, 2, 1, 1, 1) == [(1, 2), (0, 3), (0, 3)]  # stride 2: outputs 0, 1, 2
+    assert tap_outputs(14, 3, 1, 36, 36, 36) == [(36, 0), (0, 14), (0, 0)]  # outer taps never read it
+
+
+@pytest.mark.parametrize("op, image, kernel, stride, dilation, padding, taps", [
+    ("conv2d", (14, 14), (3, 3), 1, 12, 12, [(1, 1)] * 9),  # DeepLabV3's ASPP at 224x224, rate 12
+    ("conv2d", (14, 14), (3, 3), 1, 6, 6, [(1, 1)] * 9),  # rate 6: 1.96 times the work dense
+    ("conv2d", (18, 28), (3, 3), 2, 12, 12, [(1, 1)] * 9),  # stride 2
+    ("conv2d", (14, 14), (3, 3), 1, (12, 1), (12, 1, 12, 1), [(1, 3)] * 3),  # apart along the height only
+    ("conv2d", (7, 7), (3, 3), 1, 1, 1, [(3, 3)]),  # an ordinary 3x3 convolution: left as it is
+    ("conv2d", (2, 2), (3, 3), 1, 1, 1, [(3, 3)]),  # 2.25 times the work dense, but on 4 outputs
+    ("conv1d", (80,), (5,), 1, 30, 60, [(1,)] * 5),
+    ("conv3d", (4, 14, 14), (3, 3, 3), 1, (1, 12, 12), (1, 12, 12), [(3, 1, 1)] * 9),
+])
+def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, stride, dilation, padding, taps):
+    rng = np.random.default_rng(9)
+    shape = (1, 8, *image)
+    conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((16, 8, *kernel)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    normal = normalize(mod)
+    # each convolution call's taps (its kernel's weight buffer's leading axes, channels-last)
+    convs = [normal[node.op] for node in extract_graph(normal).nodes if op in node.op]
+    assert sorted(tuple(int(d) for d in f.params[1].shape)[: len(kernel)] for f in convs) == taps
+    _assert_computes_as_legalized(normal, mod, rng.standard_normal(shape).astype("float32"), 1e-4)
