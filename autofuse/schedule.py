@@ -167,14 +167,30 @@ def _schedule_spatial(
         return _schedule_concat(sch, block, loops, *concat, lanes)
     loops = _unfold_flat_loop(sch, block, loops)
     gathered = _gathered_loop(sch, block, loops)
+    width = _vector_width(_extent(sch, loops[-1]), lanes)
+    if gathered is not None and width is not None:
+        # a resize into NCHW at a segmentation model's output, its input channels-last: a
+        # vector of an image row computes its input coordinates, one per lane, once, then
+        # gathers them for every channel in turn, each write a whole vector of a row. With the
+        # channels innermost (below) a pixel's channels were written an image apart, element by
+        # element; with them outside whole rows the coordinates were computed once per channel
+        # (`scripts/schedule_ab.py`, AMD EPYC host: DeepLabV3-MobileNetV3's 21 x 224 x 224
+        # output 990 -> 746 us, 757 -> 691 with cold caches; LRASPP's 21 x 64 x 64 96 -> 71 us)
+        rest, inner = sch.split(loops[-1], [None, width])
+        others = [lp for k, lp in enumerate(loops[:-1]) if k != gathered]
+        sch.reorder(*others, rest, loops[gathered], inner)
+        outer = sch.fuse(*others, rest)
+        sch.vectorize(inner)
+        if _work(sch, block) * lanes >= MIN_PARALLEL_WORK:
+            sch.parallel(outer)
+        return outer
     if gathered is not None:
-        # a resize into NCHW at a segmentation model's output: its input coordinates depend on
-        # the image position alone, computed once per pixel with the channels innermost, where
-        # vectors along the image row computed them per lane and gathered (LRASPP's 21 x 64 x 64
-        # bilinear output 264 -> 51 us)
+        # no vector divides the image row: the channels innermost, the coordinates computed once
+        # per pixel (on an Intel host LRASPP's 21 x 64 x 64 output took 264 us in vectors along
+        # whole rows, 51 us so)
         loops = [lp for k, lp in enumerate(loops) if k != gathered] + [loops[gathered]]
         sch.reorder(*loops)
-    width = _vector_width(_extent(sch, loops[-1]), lanes)
+        width = _vector_width(_extent(sch, loops[-1]), lanes)
     across = _transposed_loop(sch, block, loops, lanes)
     tile = _transpose_tile(sch, block, _extent(sch, loops[across]) or 0, width, lanes) if across is not None else None
     across = across if tile else None
