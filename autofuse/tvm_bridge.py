@@ -75,7 +75,9 @@ def normalize(mod: tvm.IRModule, notes: list[str] | None = None) -> tvm.IRModule
     contiguous innermost axis of outputs and weights, which is what a vectorised kernel needs
     (NCHW pools and depthwise convolutions can only vectorise along strided image rows).
     Weight transposes fold into the constants; the graph's inputs and outputs keep their layout.
-    Taps of a convolution that read only padding are left out (LiveTaps).
+    Taps of a convolution that read only padding are left out (LiveTaps), and one whose taps
+    read mostly padding runs as the sum of its taps, each over the outputs where it reads the
+    input (TapsApart).
     Gathers and scatters at constant indices (an unrolled scan's `x[:, t]`) become the slices
     and selects they compute (ConstantIndexing), which fuse; TVM marks them opaque.
 
