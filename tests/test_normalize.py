@@ -792,17 +792,19 @@ def test_each_taps_outputs_along_one_axis():
     assert tap_outputs(14, 3, 1, 36, 36, 36) == [(36, 0), (0, 14), (0, 0)]  # outer taps never read it
 
 
-@pytest.mark.parametrize("op, image, kernel, stride, dilation, padding, taps", [
-    ("conv2d", (14, 14), (3, 3), 1, 12, 12, [(1, 1)] * 9),  # DeepLabV3's ASPP at 224x224, rate 12
-    ("conv2d", (14, 14), (3, 3), 1, 6, 6, [(1, 1)] * 9),  # rate 6: 1.96 times the work dense
-    ("conv2d", (18, 28), (3, 3), 2, 12, 12, [(1, 1)] * 9),  # stride 2
-    ("conv2d", (14, 14), (3, 3), 1, (12, 1), (12, 1, 12, 1), [(1, 3)] * 3),  # apart along the height only
-    ("conv2d", (7, 7), (3, 3), 1, 1, 1, [(3, 3)]),  # an ordinary 3x3 convolution: left as it is
-    ("conv2d", (2, 2), (3, 3), 1, 1, 1, [(3, 3)]),  # 2.25 times the work dense, but on 4 outputs
-    ("conv1d", (80,), (5,), 1, 30, 60, [(1,)] * 5),
-    ("conv3d", (4, 14, 14), (3, 3, 3), 1, (1, 12, 12), (1, 12, 12), [(3, 1, 1)] * 9),
+@pytest.mark.parametrize("op, image, kernel, stride, dilation, padding, groups, taps", [
+    ("conv2d", (14, 14), (3, 3), 1, 12, 12, 1, [(1, 1)] * 9),  # DeepLabV3's ASPP at 224x224, rate 12
+    ("conv2d", (14, 14), (3, 3), 1, 6, 6, 1, [(1, 1)] * 9),  # rate 6: 1.96 times the work dense
+    ("conv2d", (14, 14), (3, 3), 1, 12, 12, 8, [(1, 1)] * 9),  # grouped
+    ("conv2d", (18, 28), (3, 3), 2, 12, 12, 1, [(1, 1)] * 9),  # stride 2
+    ("conv2d", (14, 14), (3, 3), 1, (12, 1), (12, 1, 12, 1), 1, [(1, 3)] * 3),  # apart along the height only
+    ("conv2d", (7, 7), (3, 3), 1, 1, 1, 1, [(3, 3)]),  # an ordinary 3x3 convolution: left as it is
+    ("conv2d", (2, 2), (3, 3), 1, 1, 1, 1, [(3, 3)]),  # 2.25 times the work dense, but on 4 outputs
+    ("conv1d", (80,), (5,), 1, 30, 60, 1, [(1,)] * 5),
+    ("conv3d", (4, 14, 14), (3, 3, 3), 1, (1, 12, 12), (1, 12, 12), 1, [(3, 1, 1)] * 9),
 ])
-def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, stride, dilation, padding, taps):
+def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, stride, dilation, padding, groups,
+                                                           taps):
     rng = np.random.default_rng(9)
     shape = (1, 8, *image)
     conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
@@ -810,8 +812,9 @@ def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, str
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            w = relax.const(rng.standard_normal((16, 8, *kernel)).astype("float32"))
-            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation)))
+            w = relax.const(rng.standard_normal((16, 8 // groups, *kernel)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation,
+                                                       groups=groups)))
         bb.emit_func_output(out)
     mod = bb.get()
     normal = normalize(mod)
