@@ -685,6 +685,12 @@ PREFETCH_ATTR = "autofuse_prefetch"
 # TVM's limit for putting a buffer on the stack (runtime::kMaxStackAlloca): a buffer of this
 # size or more, or not in global scope, is allocated from the workspace pool wherever it lives
 STACK_BYTES = 1024
+# how much better (FMAs per load, _tile_score) a tile over rows merged across image rows must be
+# than one that divides the image row, to pay for re-laying the block (_image_rows): merged 9x2
+# tiles against 7x2 ones on Inception-v3's 147-pixel rows scored 1.05x and ran 0.88x (3x3 32 ->
+# 64); at margin 1.1 the 31 kernels it changed in seven timm CNNs ran 0.98-1.74x, 1.02-1.27x a
+# model (`scripts/schedule_ab.py`, AMD EPYC), and no kernel changes between 1.1 and 1.3
+MERGE_MARGIN = 1.1
 
 
 def accumulators(vector_bits: int) -> int:
@@ -716,7 +722,7 @@ def _image_rows(
     weights do not depend on the image row either. Where tiles hold whole image rows the loops
     are fused; where they would straddle two (5 rows of a 5x2 batch; 4-row tiles over 7x7)
     the block and its epilogues are re-laid (`_flatten_rows`), and only where the merged
-    rows' tile beats the image row's own."""
+    rows' tile beats the image row's own (by MERGE_MARGIN where that divides the image row)."""
     unchanged = s_loops, s_vars, row, False, r_loops, None
     if row == 0 or row != len(s_loops) - 2:
         return unchanged
@@ -735,7 +741,7 @@ def _image_rows(
         return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True, r_loops, None
     own = _tile_shape(ext_row, ext_j // width, acc, wide)
     ti, tv = _tile_shape(rows, ext_j // width, acc, wide, predicated=True)
-    if ext_row % own[0] == 0 and _tile_score(*own, ext_row) >= _tile_score(ti, tv, rows):
+    if ext_row % own[0] == 0 and _tile_score(*own, ext_row) * MERGE_MARGIN >= _tile_score(ti, tv, rows):
         return unchanged
     if rows % ti and rows < 8 * ti:
         # a partial last tile is predicated: where it is more than one tile in eight, that
