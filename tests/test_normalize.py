@@ -742,6 +742,22 @@ def test_indices_computed_from_constants_are_folded_first_and_only_when_some_are
         assert not _indexed_by_constants(bb.get(), ("relax.take",))
 
 
+def _relu_conv(op, image, kernel, stride, dilation, padding, groups, rng):
+    """A module of one convolution (8 -> 16 channels, NCHW, random constant weights) and a ReLU,
+    and its input's shape."""
+    shape = (1, 8, *image)
+    conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((16, 8 // groups, *kernel)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation,
+                                                       groups=groups)))
+        bb.emit_func_output(out)
+    return bb.get(), shape
+
+
 @pytest.mark.parametrize("op, image, kernel, stride, dilation, padding, groups, computed", [
     ("conv2d", (14, 14), (3, 3), 1, 36, 36, 1, (1, 1)),  # DeepLabV3's ASPP at 224x224: a 1x1
     ("conv2d", (14, 14), (3, 3), 1, 24, 24, 1, (1, 1)),
@@ -756,17 +772,7 @@ def test_taps_that_read_only_padding_are_left_out(op, image, kernel, stride, dil
                                                   monkeypatch):
     monkeypatch.setattr(tvm_bridge, "TAPS_APART_GAIN", float("inf"))  # one convolution, as LiveTaps leaves it
     rng = np.random.default_rng(8)
-    shape = (1, 8, *image)
-    conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            w = relax.const(rng.standard_normal((16, 8 // groups, *kernel)).astype("float32"))
-            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation,
-                                                       groups=groups)))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod, shape = _relu_conv(op, image, kernel, stride, dilation, padding, groups, rng)
     normal = normalize(mod)
     # the convolution kernel's weight buffer, channels-last: the spatial taps lead
     convs = [f for gv, f in normal.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and op in gv.name_hint]
@@ -806,17 +812,7 @@ def test_each_taps_outputs_along_one_axis():
 def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, stride, dilation, padding, groups,
                                                            taps):
     rng = np.random.default_rng(9)
-    shape = (1, 8, *image)
-    conv = {"conv1d": relax.op.nn.conv1d, "conv2d": relax.op.nn.conv2d, "conv3d": relax.op.nn.conv3d}[op]
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            w = relax.const(rng.standard_normal((16, 8 // groups, *kernel)).astype("float32"))
-            out = bb.emit_output(relax.op.nn.relu(conv(x, w, strides=stride, padding=padding, dilation=dilation,
-                                                       groups=groups)))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod, shape = _relu_conv(op, image, kernel, stride, dilation, padding, groups, rng)
     normal = normalize(mod)
     # each convolution call's taps (its kernel's weight buffer's leading axes, channels-last)
     convs = [normal[node.op] for node in extract_graph(normal).nodes if op in node.op]

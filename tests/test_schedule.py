@@ -886,17 +886,25 @@ def test_image_rows_straddled_by_a_tile_are_merged_in_layout_too():
     np.testing.assert_allclose(_run(func, a, w, out_shape=(5, 2, 16)), a @ w, rtol=1e-5, atol=1e-5)
 
 
+def _conv3x3(side, c_in, c_out):
+    """A 3x3 convolution's te tensors, channels-last: its padded input, weights and output."""
+    from tvm import te
+
+    x = te.placeholder((1, side + 2, side + 2, c_in), name="x")
+    b = te.placeholder((3, 3, c_in, c_out), name="B")
+    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, c_in), "rc")
+    conv = te.compute((1, side, side, c_out), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
+                                                                        axis=[ry, rx, rc]), name="conv")
+    return x, b, conv
+
+
 def test_image_rows_a_tile_divides_are_not_merged_for_a_slightly_better_tile():
     # 21-pixel image rows in 7x2 tiles; merged, the 441 pixels would take 9x2 tiles, 5% more FMAs
     # per load on paper, but re-laid across image rows: Inception-v3's 147-pixel rows so ran
     # 0.88x (3x3, 32 -> 64 channels), and 31 such kernels of seven timm CNNs 0.98-1.74x unmerged
     from tvm import te
 
-    x = te.placeholder((1, 23, 23, 32), name="x")  # padded input of a 3x3 convolution
-    b = te.placeholder((3, 3, 32, 64), name="B")
-    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 32), "rc")
-    conv = te.compute((1, 21, 21, 64), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
-                                                                 axis=[ry, rx, rc]), name="conv")
+    x, b, conv = _conv3x3(21, 32, 64)
     func = schedule_cpu(te.create_prim_func([x, b, conv]), lanes=16, acc=24)
     assert (7, "unroll") in _update_loops(func) and "441" not in func.script()
     rng = np.random.default_rng(0)
@@ -912,11 +920,7 @@ def test_a_7x7_convolution_tiles_its_49_rows_across_image_rows_with_its_epilogue
     # image's dimensions would cover outputs the tile has not computed
     from tvm import te
 
-    x = te.placeholder((1, 9, 9, 32), name="x")  # padded input of a 3x3 convolution
-    b = te.placeholder((3, 3, 32, 64), name="B")
-    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 32), "rc")
-    conv = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
-                                                               axis=[ry, rx, rc]), name="conv")
+    x, b, conv = _conv3x3(7, 32, 64)
     relu = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.max(conv[n, h, w, o], 0.0), name="relu")
     func = schedule_cpu(te.create_prim_func([x, b, relu]), lanes=8, acc=12)
     assert (6, "unroll") in _update_loops(func)
