@@ -181,7 +181,7 @@ def _schedule_spatial(
         sch.reorder(*others, rest, loops[gathered], inner)
         outer = sch.fuse(*others, rest)
         sch.vectorize(inner)
-        if _work(sch, block) * lanes >= MIN_PARALLEL_WORK:
+        if _work(sch, block) * lanes >= MIN_PARALLEL_WORK or costly and _work(sch, block) >= COSTLY_PARALLEL_WORK:
             sch.parallel(outer)
         return outer
     if gathered is not None:

@@ -1090,14 +1090,14 @@ class LiveTaps:
 
 
 # a convolution is split tap by tap (TapsApart) where its dense form runs at least this many
-# times the multiply-adds, in at most this many convolutions (a 3x3 960 -> 256 one on 14x14,
-# `scripts/ragged_shapes.py apart`: dilation 12, 5.4 times, 3.6x faster split; dilation 6,
-# 1.96 times, 1.3x; padding 1 on 4x4, 1.44 times, within noise; on 7x7, 1.22 times, 1.9x slower)
+# times the multiply-adds, in at most this many convolutions (`scripts/ragged_shapes.py apart`,
+# 3x3: 960 -> 256 on 14x14, dilation 12, 5.4 times, 3.6x faster split; dilation 6, 1.96 times,
+# 1.3x; 512 -> 256 with padding 1 on 7x7, 1.22 times, 0.5-0.8x)
 TAPS_APART_GAIN = 1.75
 MAX_TAPS_APART = 9
 # nor over fewer output positions than this: reading its weights dominates (every tap's once
-# either way), and split it only launches more kernels (3x3 512 -> 256 on 2x2, gain 2.25:
-# 71.4 us dense, 71.8 split)
+# either way), and split it only launches more kernels (3x3 512 -> 256 with padding 1 on 2x2,
+# 2.25 times: 71.4 us dense, 71.8 split)
 TAPS_APART_OUTPUTS = 64
 # an axis along which the taps are kept together where splitting them leaves out less (a 3x3
 # convolution with padding 1 on a 14-pixel axis: 1.05 times)
