@@ -691,6 +691,12 @@ STACK_BYTES = 1024
 # 64); at margin 1.1 the 31 kernels it changed in seven timm CNNs ran 0.98-1.74x, 1.02-1.27x a
 # model (`scripts/schedule_ab.py`, AMD EPYC), and no kernel changes between 1.1 and 1.3
 MERGE_MARGIN = 1.1
+# the margin also applies where the own tile does not divide the image row, if the reduction is
+# shorter than this: each tile then recomputes its straddled windows' indices for a few FMAs
+# (Inception-v3's RGB stem, 3x3x3 stride 2 into 149x149x32: 466 -> 206 us unmerged,
+# `schedule_ab.py`; at 513 and 321 pixels 1.16x and 1.10x as a module with its transposes).
+# Longer ones merge as before: its 17x17 1x1 convolutions ran 0.81-0.86x unmerged
+SHORT_REDUCTION = 64
 
 
 def accumulators(vector_bits: int) -> int:
@@ -722,7 +728,8 @@ def _image_rows(
     weights do not depend on the image row either. Where tiles hold whole image rows the loops
     are fused; where they would straddle two (5 rows of a 5x2 batch; 4-row tiles over 7x7)
     the block and its epilogues are re-laid (`_flatten_rows`), and only where the merged
-    rows' tile beats the image row's own (by MERGE_MARGIN where that divides the image row)."""
+    rows' tile beats the image row's own (by MERGE_MARGIN where that divides the image row or
+    the reduction is short)."""
     unchanged = s_loops, s_vars, row, False, r_loops, None
     if row == 0 or row != len(s_loops) - 2:
         return unchanged
@@ -741,7 +748,8 @@ def _image_rows(
         return s_loops, [*s_vars[: row - 1], s_vars[row], s_vars[-1]], row - 1, True, r_loops, None
     own = _tile_shape(ext_row, ext_j // width, acc, wide)
     ti, tv = _tile_shape(rows, ext_j // width, acc, wide, predicated=True)
-    if ext_row % own[0] == 0 and _tile_score(*own, ext_row) * MERGE_MARGIN >= _tile_score(ti, tv, rows):
+    short = math.prod(_extent(sch, lp) or 1 << 10 for lp in r_loops) < SHORT_REDUCTION
+    if (ext_row % own[0] == 0 or short) and _tile_score(*own, ext_row) * MERGE_MARGIN >= _tile_score(ti, tv, rows):
         return unchanged
     if rows % ti and rows < 8 * ti:
         # a partial last tile is predicated: where it is more than one tile in eight, that
