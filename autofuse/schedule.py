@@ -168,11 +168,27 @@ def _schedule_spatial(
     loops = _unfold_flat_loop(sch, block, loops)
     gathered = _gathered_loop(sch, block, loops)
     width = _vector_width(_extent(sch, loops[-1]), lanes)
-    if gathered is not None and width is not None:
+    if gathered is not None and width is None:
+        # no vector divides the image row: the channels innermost, the coordinates computed once
+        # per pixel (on an Intel host LRASPP's 21 x 64 x 64 output took 264 us in vectors along
+        # whole rows, 51 us so)
+        loops = [lp for k, lp in enumerate(loops) if k != gathered] + [loops[gathered]]
+        sch.reorder(*loops)
+        width, gathered = _vector_width(_extent(sch, loops[-1]), lanes), None
+    across = _transposed_loop(sch, block, loops, lanes) if gathered is None else None
+    tile = _transpose_tile(sch, block, _extent(sch, loops[across]) or 0, width, lanes) if across is not None else None
+    across = across if tile else None
+    # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
+    # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
+    # does a vector gathered from `lanes` rows
+    vector = width is not None and across is None and gathered is None
+    parallel = (_work(sch, block) * (1 if vector else lanes) >= MIN_PARALLEL_WORK
+                or costly and _work(sch, block) >= COSTLY_PARALLEL_WORK)
+    if gathered is not None:
         # a resize into NCHW at a segmentation model's output, its input channels-last: a
         # vector of an image row computes its input coordinates, one per lane, once, then
         # gathers them for every channel in turn, each write a whole vector of a row. With the
-        # channels innermost (below) a pixel's channels were written an image apart, element by
+        # channels innermost (above) a pixel's channels were written an image apart, element by
         # element; with them outside whole rows the coordinates were computed once per channel
         # (`scripts/schedule_ab.py`, AMD EPYC host: DeepLabV3-MobileNetV3's 21 x 224 x 224
         # output 990 -> 746 us, 757 -> 691 with cold caches; LRASPP's 21 x 64 x 64 96 -> 71 us)
@@ -181,25 +197,7 @@ def _schedule_spatial(
         sch.reorder(*others, rest, loops[gathered], inner)
         outer = sch.fuse(*others, rest)
         sch.vectorize(inner)
-        if _work(sch, block) * lanes >= MIN_PARALLEL_WORK or costly and _work(sch, block) >= COSTLY_PARALLEL_WORK:
-            sch.parallel(outer)
-        return outer
-    if gathered is not None:
-        # no vector divides the image row: the channels innermost, the coordinates computed once
-        # per pixel (on an Intel host LRASPP's 21 x 64 x 64 output took 264 us in vectors along
-        # whole rows, 51 us so)
-        loops = [lp for k, lp in enumerate(loops) if k != gathered] + [loops[gathered]]
-        sch.reorder(*loops)
-        width = _vector_width(_extent(sch, loops[-1]), lanes)
-    across = _transposed_loop(sch, block, loops, lanes)
-    tile = _transpose_tile(sch, block, _extent(sch, loops[across]) or 0, width, lanes) if across is not None else None
-    across = across if tile else None
-    # an element of a loop that does not vectorise (a transpose's strided reads) costs about a
-    # vector's worth of work: ResNet-50's NHWC -> NCHW output, 100K elements, ran serial; so
-    # does a vector gathered from `lanes` rows
-    parallel = (_work(sch, block) * (1 if width is not None and across is None else lanes) >= MIN_PARALLEL_WORK
-                or costly and _work(sch, block) >= COSTLY_PARALLEL_WORK)
-    if across is not None:
+    elif across is not None:
         # a transpose in square tiles: a vector of the output gathers one element from each of
         # `lanes` input rows, and the next `lanes` vectors find the rest of those rows' cache
         # lines in L1 (BERT-base's 128 x 768 -> 12 x 64 x 128 key transpose: 103 -> 14 us).
@@ -1054,11 +1052,12 @@ def _stream_tiles(
     parallel one, the reduction loops with the steps last, the loop above which the
     accumulators are initialised), or None where it does not apply.
 
-    Not in row groups where the last row tile is `partial` (predicated): the predicate then
-    reads the group from the parallel loop (`par % groups`), no pass takes it out of the
-    steps, and every tile kept its accumulators in memory, loaded and stored at each step
-    (Inception-v3's 7x1 and 1x7 convolutions on 17x17, 289 rows in 12-row tiles: 0.5-1.3 ms a
-    call in groups, 2.4-3.1x what the same tiles took not streamed)."""
+    None (not streamed) where the rows would be split into groups and the last row tile is
+    `partial` (predicated): the predicate then reads the group from the parallel loop (`par %
+    groups`), no pass takes it out of the steps, and every tile kept its accumulators in
+    memory, loaded and stored at each step (Inception-v3's 7x1 and 1x7 convolutions on 17x17,
+    289 rows in 12-row tiles: 0.5-1.3 ms a call in groups, 2.4-3.1x what the same tiles took not
+    streamed)."""
     dtype_bytes = tvm.DataType(str(panel.dtype)).bits // 8
     kc = _stream_chunk(sch, r_loops[-1], tj * dtype_bytes)
     groups = _row_groups(sch, jo, rows) if kc else None

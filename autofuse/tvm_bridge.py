@@ -1025,14 +1025,34 @@ class WholeTileRows:
         return _rewrite_functions(mod, _RowPadder)
 
 
+def _outputs(size: int, kernel: int, stride: int, dilation: int, before: int, after: int) -> int:
+    """Output positions of a convolution along one axis."""
+    return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _static_convolution(call: relax.Expr) -> tuple | None:
+    """(attrs, data, weight, data dims, weight dims, spatial axes, padding) of a convolution
+    call whose shapes are known, its padding given per spatial axis before and after; None for
+    any other call."""
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or call.op.name not in _CONVOLUTIONS:
+        return None
+    a, (data, weight) = call.attrs, call.args
+    dims, wdims = _static_dims(data.ty), _static_dims(weight.ty)
+    spatial = [c for c in str(a.data_layout) if c.isupper() and c not in "NC"]
+    pads = [int(p) for p in a.padding]
+    if dims is None or wdims is None or len(pads) != 2 * len(spatial):
+        return None
+    return a, data, weight, dims, wdims, spatial, pads
+
+
 def live_taps(
     size: int, kernel: int, stride: int, dilation: int, before: int, after: int
 ) -> tuple[int, int, int, int] | None:
     """Along one axis of a convolution: (first tap, taps, padding before, padding after) of the
     smallest kernel computing the same outputs, leaving out taps that read only padding at
     every output position; None where every tap reads the input somewhere."""
-    out = (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
-    live = [i for i in range(kernel) if any(0 <= r * stride + i * dilation - before < size for r in range(out))]
+    out = _outputs(size, kernel, stride, dilation, before, after)
+    live = [i for i, (_, count) in enumerate(tap_outputs(size, kernel, stride, dilation, before, after)) if count]
     if not live or (live[0] == 0 and live[-1] == kernel - 1):
         return None
     first, taps = live[0], live[-1] - live[0] + 1
@@ -1047,18 +1067,12 @@ class _TapTrimmer(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or call.op.name not in _CONVOLUTIONS:
+        conv = _static_convolution(call)
+        if conv is None:
             return call
+        a, data, weight, dims, wdims, spatial, pads = conv
         make = _CONVOLUTIONS[call.op.name]
-        a, (data, weight) = call.attrs, call.args
         data_layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
-        dims, wdims = _static_dims(data.ty), _static_dims(weight.ty)
-        if dims is None or wdims is None:
-            return call
-        spatial = [c for c in data_layout if c.isupper() and c not in "NC"]
-        pads = [int(p) for p in a.padding]
-        if len(pads) != 2 * len(spatial):
-            return call
         before, after = pads[: len(spatial)], pads[len(spatial):]
         begin, end = [0] * len(wdims), list(wdims)
         for k, axis in enumerate(spatial):
@@ -1108,7 +1122,7 @@ def tap_outputs(size: int, kernel: int, stride: int, dilation: int, before: int,
     """Along one axis of a convolution: for each tap, the output positions at which it reads
     the input rather than padding, as (first, count); a contiguous range, since tap i reads
     input r * stride + i * dilation - before at output r."""
-    out = (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+    out = _outputs(size, kernel, stride, dilation, before, after)
     ranges = []
     for i in range(kernel):
         first = max(0, -((i * dilation - before) // stride))  # ceil((before - i * dilation) / stride)
@@ -1124,16 +1138,13 @@ class _TapSplitter(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or call.op.name not in _CONVOLUTIONS:
+        conv = _static_convolution(call)
+        out_dims = _static_dims(call.ty) if conv is not None else None
+        if out_dims is None:
             return call
-        a, (data, weight) = call.attrs, call.args
+        a, data, weight, dims, wdims, spatial, pads = conv
         data_layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
         out_layout = str(a.out_layout) or data_layout
-        dims, wdims, out_dims = _static_dims(data.ty), _static_dims(weight.ty), _static_dims(call.ty)
-        spatial = [c for c in data_layout if c.isupper() and c not in "NC"]
-        pads = [int(p) for p in a.padding]
-        if dims is None or wdims is None or out_dims is None or len(pads) != 2 * len(spatial):
-            return call
         taps = [tap_outputs(dims[data_layout.index(axis)], wdims[kernel_layout.index(axis)], int(a.strides[k]),
                             int(a.dilation[k]), pads[k], pads[len(spatial) + k]) for k, axis in enumerate(spatial)]
         outs = [out_dims[out_layout.index(axis)] for axis in spatial]

@@ -886,50 +886,24 @@ def test_image_rows_straddled_by_a_tile_are_merged_in_layout_too():
     np.testing.assert_allclose(_run(func, a, w, out_shape=(5, 2, 16)), a @ w, rtol=1e-5, atol=1e-5)
 
 
-def _conv3x3(side, c_in, c_out):
-    """A 3x3 convolution's te tensors, channels-last: its padded input, weights and output."""
-    from tvm import te
-
-    x = te.placeholder((1, side + 2, side + 2, c_in), name="x")
-    b = te.placeholder((3, 3, c_in, c_out), name="B")
-    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, c_in), "rc")
-    conv = te.compute((1, side, side, c_out), lambda n, h, w, o: te.sum(x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o],
-                                                                        axis=[ry, rx, rc]), name="conv")
-    return x, b, conv
-
-
 def test_image_rows_a_tile_divides_are_not_merged_for_a_slightly_better_tile():
     # 21-pixel image rows in 7x2 tiles; merged, the 441 pixels would take 9x2 tiles, 5% more FMAs
     # per load on paper, but re-laid across image rows: Inception-v3's 147-pixel rows so ran
     # 0.88x (3x3, 32 -> 64 channels), and 31 such kernels of seven timm CNNs 0.98-1.74x unmerged
-    from tvm import te
-
-    x, b, conv = _conv3x3(21, 32, 64)
-    func = schedule_cpu(te.create_prim_func([x, b, conv]), lanes=16, acc=24)
+    prim, check = _window_conv(False, 21, 21, c_out=64)
+    func = schedule_cpu(prim, lanes=16, acc=24)
     assert (7, "unroll") in _update_loops(func) and "441" not in func.script()
-    rng = np.random.default_rng(0)
-    a, w = rng.standard_normal((1, 23, 23, 32)).astype("float32"), rng.standard_normal((3, 3, 32, 64)).astype("float32")
-    want = sum(a[:, i:i + 21, j:j + 21, :] @ w[i, j] for i in range(3) for j in range(3))
-    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 21, 21, 64)), want, rtol=1e-4, atol=1e-4)
+    check(func)
 
 
 def test_an_rgb_stem_keeps_its_image_rows_for_a_slightly_better_tile():
     # Inception-v3's stem: 3x3x3 stride 2 into 149x149x32. 149 pixels take a padded 12-row tile;
     # merged, the 22,201 take 12-row tiles scoring 1.05x, but each tile straddling image rows
     # recomputes its windows' indices for only 27 multiply-adds a row: 466 -> 206 us unmerged
-    from tvm import te
-
-    x = te.placeholder((1, 299, 299, 3), name="x")
-    b = te.placeholder((3, 3, 3, 32), name="B")
-    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 3), "rc")
-    conv = te.compute((1, 149, 149, 32), lambda n, h, w, o: te.sum(
-        x[n, 2 * h + ry, 2 * w + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
-    func = schedule_cpu(te.create_prim_func([x, b, conv]), lanes=16, acc=24)
+    prim, check = _window_conv(False, 149, 149, c_in=3, stride=2)
+    func = schedule_cpu(prim, lanes=16, acc=24)
     assert "22201" not in func.script()
-    rng = np.random.default_rng(0)
-    a, w = rng.standard_normal((1, 299, 299, 3)).astype("float32"), rng.standard_normal((3, 3, 3, 32)).astype("float32")
-    want = sum(a[:, i:i + 297:2, j:j + 297:2, :] @ w[i, j] for i in range(3) for j in range(3))
-    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 149, 149, 32)), want, rtol=1e-4, atol=1e-4)
+    check(func)
 
 
 def test_a_7x7_convolution_tiles_its_49_rows_across_image_rows_with_its_epilogue():
@@ -939,7 +913,7 @@ def test_a_7x7_convolution_tiles_its_49_rows_across_image_rows_with_its_epilogue
     # image's dimensions would cover outputs the tile has not computed
     from tvm import te
 
-    x, b, conv = _conv3x3(7, 32, 64)
+    x, b, conv = _window(False, 7, 7, c_out=64)
     relu = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.max(conv[n, h, w, o], 0.0), name="relu")
     func = schedule_cpu(te.create_prim_func([x, b, relu]), lanes=8, acc=12)
     assert (6, "unroll") in _update_loops(func)
@@ -1233,30 +1207,39 @@ def test_a_depthwise_window_is_unrolled_along_the_rows_it_slides_over(depthwise)
     check(func)
 
 
-def _window_conv(depthwise, height, width):
-    """A 3x3 window over a padded NHWC input of 32 channels, per channel (depthwise) or into 32
-    output channels: the PrimFunc, and a check of a schedule of it against numpy."""
+def _window(depthwise, height, width, c_in=32, c_out=32, stride=1):
+    """te tensors of a 3x3 window at `stride` over an NHWC input already padded (x, weights B,
+    output conv): per channel (depthwise, c_in channels) or a convolution c_in -> c_out."""
     from tvm import te
 
-    x = te.placeholder((1, height + 2, width + 2, 32), name="x")
+    x = te.placeholder((1, (height - 1) * stride + 3, (width - 1) * stride + 3, c_in), name="x")
     ry, rx = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx")
     if depthwise:
-        b = te.placeholder((3, 3, 32), name="B")
-        y = te.compute((1, height, width, 32), lambda n, h, w, c: te.sum(x[n, h + ry, w + rx, c] * b[ry, rx, c],
-                                                                         axis=[ry, rx]), name="conv")
+        b = te.placeholder((3, 3, c_in), name="B")
+        y = te.compute((1, height, width, c_in), lambda n, h, w, c: te.sum(
+            x[n, h * stride + ry, w * stride + rx, c] * b[ry, rx, c], axis=[ry, rx]), name="conv")
     else:
-        b = te.placeholder((3, 3, 32, 32), name="B")
-        rc = te.reduce_axis((0, 32), "rc")
-        y = te.compute((1, height, width, 32), lambda n, h, w, o: te.sum(
-            x[n, h + ry, w + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
+        b = te.placeholder((3, 3, c_in, c_out), name="B")
+        rc = te.reduce_axis((0, c_in), "rc")
+        y = te.compute((1, height, width, c_out), lambda n, h, w, o: te.sum(
+            x[n, h * stride + ry, w * stride + rx, rc] * b[ry, rx, rc, o], axis=[ry, rx, rc]), name="conv")
+    return x, b, y
+
+
+def _window_conv(depthwise, height, width, c_in=32, c_out=32, stride=1):
+    """`_window`'s PrimFunc, and a check of a schedule of it against numpy."""
+    from tvm import te
+
+    x, b, y = _window(depthwise, height, width, c_in, c_out, stride)
 
     def check(func):
         rng = np.random.default_rng(0)
-        a = rng.standard_normal((1, height + 2, width + 2, 32)).astype("float32")
+        a = rng.standard_normal([int(d) for d in x.shape]).astype("float32")
         w = rng.standard_normal([int(d) for d in b.shape]).astype("float32")
-        window = [a[:, i:i + height, j:j + width, :] for i in range(3) for j in range(3)]
+        span_h, span_w = (height - 1) * stride + 1, (width - 1) * stride + 1
+        window = [a[:, i:i + span_h:stride, j:j + span_w:stride, :] for i in range(3) for j in range(3)]
         want = sum(v * w[k // 3, k % 3] if depthwise else v @ w[k // 3, k % 3] for k, v in enumerate(window))
-        got = _run(func, a, w, out_shape=(1, height, width, 32))
+        got = _run(func, a, w, out_shape=[int(d) for d in y.shape])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
     return te.create_prim_func([x, b, y]), check
