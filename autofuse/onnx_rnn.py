@@ -5,7 +5,9 @@ import. Shapes are static in autofuse (the importer fixes input shapes), so the 
 is known and the recurrence is unrolled: each time step's matmul and gate elementwise ops become
 ordinary kernels that LegalizeOps and the fusion search see like any others. As in ONNX
 Runtime, the input projection X*W^T (plus the biases) is one matmul over all steps; only H*R^T
-stays per step.
+stays per step. The directions of a bidirectional node step together, their states stacked
+([directions, batch, hidden]) and their recurrent matmuls batched: one set of kernels a step,
+not one per direction, since at these sizes a step's time is mostly the kernels' calls.
 """
 
 from __future__ import annotations
@@ -136,13 +138,19 @@ class _Emitter:
     def __call__(self, expr: relax.Expr) -> relax.Expr:
         return self.bb.emit(expr)
 
-    def direction(self, t: relax.Expr, d: int, keep_dim: bool = False) -> relax.Expr:
-        """t[d] (t[d:d+1] with keep_dim) of a [num_directions, ...] tensor."""
+    def direction(self, t: relax.Expr, d: int) -> relax.Expr:
+        """t[d] of a [num_directions, ...] tensor."""
         if is_const(t):
-            v = t.value.numpy()
-            return array_const(v[d : d + 1] if keep_dim else v[d])
-        part = self(relax.op.strided_slice(t, axes=[0], begin=[d], end=[d + 1]))
-        return part if keep_dim else self(relax.op.squeeze(part, axis=[0]))
+            return array_const(t.value.numpy()[d])
+        return self(relax.op.squeeze(self.directions(t, range(d, d + 1)), axis=[0]))
+
+    def directions(self, t: relax.Expr, dirs: range) -> relax.Expr:
+        """t[dirs] of a [num_directions, ...] tensor, the axis kept."""
+        if dirs == range(static_shape(t)[0]):
+            return t
+        if is_const(t):
+            return array_const(t.value.numpy()[dirs.start : dirs.stop])
+        return self(relax.op.strided_slice(t, axes=[0], begin=[dirs.start], end=[dirs.stop]))
 
     def rows(self, t: relax.Expr, begin: int, end: int) -> relax.Expr:
         """t[begin:end] along the first axis (gate blocks of a weight, bias or peephole)."""
@@ -169,10 +177,24 @@ class _Emitter:
             return array_const(a.value.numpy() + b.value.numpy())
         return self(relax.op.add(a, b))
 
-    def concat(self, parts: list[relax.Expr]) -> relax.Expr:
+    def concat(self, parts: list[relax.Expr], axis: int = 0) -> relax.Expr:
+        if len(parts) == 1:
+            return parts[0]
         if all(is_const(t) for t in parts):
-            return array_const(np.concatenate([t.value.numpy() for t in parts]))
-        return self(relax.op.concat(parts, axis=0))
+            return array_const(np.concatenate([t.value.numpy() for t in parts], axis=axis))
+        return self(relax.op.concat(parts, axis=axis))
+
+    def stack(self, parts: list[relax.Expr], rows: bool = False) -> relax.Expr:
+        """The directions' tensors as the stepping directions read them: one direction's as it
+        is, several stacked along a new first axis (`rows`: with an axis of 1 after it, to
+        broadcast over the batch)."""
+        if len(parts) == 1:
+            return parts[0]
+        if all(is_const(t) for t in parts):
+            v = np.stack([t.value.numpy() for t in parts])
+            return array_const(v[:, None] if rows else v)
+        both = self(relax.op.stack(parts, axis=0))
+        return self(relax.op.expand_dims(both, 1)) if rows else both
 
     def mul(self, a: relax.Expr, b: relax.Expr) -> relax.Expr:
         return self(relax.op.multiply(a, b))
@@ -184,19 +206,27 @@ class _Emitter:
         return self(f(x))
 
     def split(self, x: relax.Expr, parts: int, axis: int) -> list[relax.Expr]:
-        """`parts` equal pieces of `x` along `axis` (one op: gate blocks, time steps)."""
+        """`parts` equal pieces of `x` along `axis`, in one op (the time steps)."""
         if parts == 1:
             return [x]
         pieces = self(relax.op.split(x, parts, axis=axis))
         return [self(relax.TupleGetItem(pieces, i)) for i in range(parts)]
 
+    def gates(self, x: relax.Expr, parts: int) -> list[relax.Expr]:
+        """`parts` equal gate blocks of `x`'s last axis, each a slice of its own: a slice with one
+        consumer fuses into the gate's elementwise kernel, where a split is a kernel of its own
+        (and a tuple) at every step."""
+        n = static_shape(x)[-1] // parts
+        return [self(relax.op.strided_slice(x, axes=[-1], begin=[k * n], end=[(k + 1) * n]))
+                for k in range(parts)]
 
-def _state(e: _Emitter, t: relax.Expr | None, d: int) -> relax.Expr | None:
-    """Direction d's initial state as [1, batch, hidden]; None when absent or all zeros (as
-    exporters write them: the first step then skips the terms it would zero)."""
+
+def _state(e: _Emitter, t: relax.Expr | None, dirs: range) -> relax.Expr | None:
+    """The initial state of directions `dirs` as [len(dirs), batch, hidden]; None when absent or
+    all zeros (as exporters write them: the first step then skips the terms it would zero)."""
     if t is None or (is_const(t) and not np.any(t.value.numpy())):
         return None
-    return e.direction(e.time_major(t) if e.node.layout else t, d, keep_dim=True)
+    return e.directions(e.time_major(t) if e.node.layout else t, dirs)
 
 
 def _lstm_step(
@@ -210,7 +240,7 @@ def _lstm_step(
 ) -> tuple[relax.Expr, relax.Expr]:
     f, g, hf = acts
     pre = x_t if h is None else e.add(x_t, e(relax.op.matmul(h, rt[0])))
-    i, o, fg, cc = e.split(pre, 4, axis=-1)
+    i, o, fg, cc = e.gates(pre, 4)
     if p is not None and c is not None:  # peepholes P[i, o, f]; Ct-1 feeds i and f
         i, fg = e.add(i, e.mul(p[0], c)), e.add(fg, e.mul(p[2], c))
     ic = e.mul(e.act(f, i), e.act(g, cc))
@@ -229,17 +259,17 @@ def _gru_step(
     rbh: relax.Expr | None,
 ) -> relax.Expr:
     f, g = acts
-    xz, xr, xh = e.split(x_t, 3, axis=-1)
+    xz, xr, xh = e.gates(x_t, 3)
     if h is None:  # Ht-1 = 0: no recurrent matmul, only Rbh (linear_before_reset) survives
         z, r = e.act(f, xz), e.act(f, xr)
         n = e.act(g, xh if rbh is None else e.add(xh, e.mul(r, rbh)))
         return e.mul(e(relax.op.subtract(relax.const(1, n.ty.dtype), z)), n)
     if e.node.linear_before_reset:  # ht = g(Xt*Wh^T + rt (.) (Ht-1*Rh^T + Rbh) + Wbh)
-        hz, hr, hh = e.split(e(relax.op.matmul(h, rt[0])), 3, axis=-1)
+        hz, hr, hh = e.gates(e(relax.op.matmul(h, rt[0])), 3)
         z, r = e.act(f, e.add(xz, hz)), e.act(f, e.add(xr, hr))
         n = e.act(g, e.add(xh, e.mul(r, e.add(hh, rbh))))
     else:  # ht = g(Xt*Wh^T + (rt (.) Ht-1)*Rh^T + Rbh + Wbh)
-        hz, hr = e.split(e(relax.op.matmul(h, rt[0])), 2, axis=-1)
+        hz, hr = e.gates(e(relax.op.matmul(h, rt[0])), 2)
         z, r = e.act(f, e.add(xz, hz)), e.act(f, e.add(xr, hr))
         n = e.act(g, e.add(xh, e(relax.op.matmul(e.mul(r, h), rt[1]))))
     # Ht = (1 - zt) (.) ht + zt (.) Ht-1, written ht + zt (.) (Ht-1 - ht): one op fewer
@@ -263,52 +293,96 @@ def _convert(
     c0, peep = (optional_input(inputs, i, params) if cell is _LSTM else None for i in (6, 7))
     if node.layout:  # batch-major tensors become time-major inside (initial states: in _state)
         x = e.time_major(x)
-    seq, hsz, gates = static_shape(x)[0], node.hidden, cell.gates
+    n = len(node.directions)
+    # directions step together where their activations agree (ONNX lets each have its own)
+    batches = [range(n)] if len(set(node.acts)) == 1 else [range(d, d + 1) for d in range(n)]
     ys, hs, cs = [], [], []
-    for d, direction in enumerate(node.directions):
-        rd = e.direction(r, d)  # [gates*hidden, hidden]
-        if cell is _GRU and not node.linear_before_reset:  # Rh multiplies rt (.) Ht-1 apart
-            rt = [e.transposed(e.rows(rd, 0, 2 * hsz)), e.transposed(e.rows(rd, 2 * hsz, 3 * hsz))]
-        else:
-            rt = [e.transposed(rd)]
-        bias = rbh = None
-        if b is not None:  # Wb and Rb join the input projection, except GRU's Rbh before reset
-            bd = e.direction(b, d)
-            wb, rb = e.rows(bd, 0, gates * hsz), e.rows(bd, gates * hsz, 2 * gates * hsz)
-            if cell is _GRU and node.linear_before_reset:
-                rbh = e.rows(rb, 2 * hsz, 3 * hsz)
-                zeros = array_const(np.zeros(hsz, str(x.ty.dtype)))
-                rb = e.concat([e.rows(rb, 0, 2 * hsz), zeros])
-            bias = e.add(wb, rb)
-        # Xt*W^T + biases for all steps in one matmul: [seq, batch, gates*hidden]
-        xw = e.add(e(relax.op.matmul(x, e.transposed(e.direction(w, d)))), bias)
-        steps = e.split(xw, seq, axis=0)  # [1, batch, gates*hidden] each
-        h, c = _state(e, h0, d), _state(e, c0, d)
-        p = None
-        if peep is not None:
-            pd = e.direction(peep, d)
-            p = [e.rows(pd, k * hsz, (k + 1) * hsz) for k in range(3)]
-        out: dict[int, relax.Expr] = {}
-        for t in range(seq) if direction == "forward" else range(seq - 1, -1, -1):
-            if cell is _LSTM:
-                h, c = _lstm_step(e, node.acts[d], steps[t], h, c, rt, p)
-            elif cell is _GRU:
-                h = _gru_step(e, node.acts[d], steps[t], h, rt, rbh)
-            else:
-                h = _rnn_step(e, node.acts[d], steps[t], h, rt)
-            out[t] = h
-        ys.append(e(relax.op.concat([out[t] for t in range(seq)], axis=0)) if seq > 1 else out[0])
+    for dirs in batches:
+        y, h, c = _unroll(cell, e, dirs, x, w, r, b, h0, c0, peep)
+        ys.append(y)
         hs.append(h)
         cs.append(c)
-    outs = [e(relax.op.stack(ys, axis=1))]  # Y: [seq, num_directions, batch, hidden]
+    outs = [e.concat(ys, axis=1)]  # Y: [seq, num_directions, batch, hidden]
     # Y_h, Y_c: [num_directions, batch, hidden]
     for states in (hs, cs) if cell is _LSTM else (hs,):
-        outs.append(states[0] if len(states) == 1 else e(relax.op.concat(states, axis=0)))
+        outs.append(e.concat(states))
     if node.layout:
         outs = [e(relax.op.permute_dims(outs[0], [2, 0, 1, 3]))] + [
             e(relax.op.permute_dims(s, [1, 0, 2])) for s in outs[1:]
         ]
     return relax.Tuple(outs)
+
+
+def _unroll(
+    cell: _Cell,
+    e: _Emitter,
+    dirs: range,
+    x: relax.Expr,
+    w: relax.Expr,
+    r: relax.Expr,
+    b: relax.Expr | None,
+    h0: relax.Expr | None,
+    c0: relax.Expr | None,
+    peep: relax.Expr | None,
+) -> tuple[relax.Expr, relax.Expr, relax.Expr | None]:
+    """Directions `dirs` stepped together over the sequence (several: their states [1, dirs,
+    batch, hidden]): their outputs in time order ([seq, len(dirs), batch, hidden]), and their
+    last hidden (and cell) state ([len(dirs), batch, hidden])."""
+    node, hsz, gates = e.node, e.node.hidden, cell.gates
+    rts, biases, rbhs, peeps = [], [], [], []
+    for d in dirs:
+        rd = e.direction(r, d)  # [gates*hidden, hidden]
+        if cell is _GRU and not node.linear_before_reset:  # Rh multiplies rt (.) Ht-1 apart
+            rts.append([e.transposed(e.rows(rd, 0, 2 * hsz)), e.transposed(e.rows(rd, 2 * hsz, 3 * hsz))])
+        else:
+            rts.append([e.transposed(rd)])
+        if b is not None:  # Wb and Rb join the input projection, except GRU's Rbh before reset
+            bd = e.direction(b, d)
+            wb, rb = e.rows(bd, 0, gates * hsz), e.rows(bd, gates * hsz, 2 * gates * hsz)
+            if cell is _GRU and node.linear_before_reset:
+                rbhs.append(e.rows(rb, 2 * hsz, 3 * hsz))
+                zeros = array_const(np.zeros(hsz, str(x.ty.dtype)))
+                rb = e.concat([e.rows(rb, 0, 2 * hsz), zeros])
+            biases.append(e.add(wb, rb))
+        if peep is not None:
+            pd = e.direction(peep, d)
+            peeps.append([e.rows(pd, k * hsz, (k + 1) * hsz) for k in range(3)])
+    rt = [e.stack([own[k] for own in rts]) for k in range(len(rts[0]))]
+    rbh = e.stack(rbhs, rows=True) if rbhs else None
+    p = [e.stack([own[k] for own in peeps], rows=True) for k in range(3)] if peeps else None
+    # Xt*W^T + biases for all steps and directions in one matmul: [seq, batch, dirs*gates*hidden]
+    wt = e.concat([e.transposed(e.direction(w, d)) for d in dirs], axis=1)
+    xw = e.add(e(relax.op.matmul(x, wt)), e.concat(biases) if biases else None)
+    seq, width = static_shape(x)[0], gates * hsz
+    reverse = [node.directions[d] == "reverse" for d in dirs]
+    h, c = _state(e, h0, dirs), _state(e, c0, dirs)
+    if len(dirs) == 1:
+        steps = e.split(xw, seq, axis=0)[:: -1 if reverse[0] else 1]  # [1, batch, gates*hidden] each
+    else:  # each direction's inputs in its own time order: [1, dirs, batch, gates*hidden] a step
+        parts = [e(relax.op.strided_slice(xw, axes=[2], begin=[k * width], end=[(k + 1) * width]))
+                 for k in range(len(dirs))]
+        parts = [e(relax.op.flip(t, axis=0)) if rev else t for t, rev in zip(parts, reverse)]
+        steps = e.split(e(relax.op.stack(parts, axis=1)), seq, axis=0)
+        h, c = (None if t is None else e(relax.op.expand_dims(t, 0)) for t in (h, c))
+    acts = node.acts[dirs[0]]
+    hk: list[relax.Expr] = []
+    for x_t in steps:
+        if cell is _LSTM:
+            h, c = _lstm_step(e, acts, x_t, h, c, rt, p)
+        elif cell is _GRU:
+            h = _gru_step(e, acts, x_t, h, rt, rbh)
+        else:
+            h = _rnn_step(e, acts, x_t, h, rt)
+        hk.append(h)
+    if len(dirs) == 1:
+        return e(relax.op.expand_dims(e.concat(hk[::-1] if reverse[0] else hk), 1)), h, c
+    # Y[t]: each direction's output at time t, from step t or (reversed) seq-1-t, chosen lane by
+    # lane; the steps then concatenate along time as they are, a loop per step
+    # (schedule._schedule_concat); a flip after the concatenation was inlined into its readers,
+    # which then tested every step's bounds at each element (Sequencer2D: 0.5-0.9 ms a call)
+    forward = array_const(np.array([not rev for rev in reverse]).reshape(1, -1, 1, 1))
+    ys = [e(relax.op.where(forward, hk[t], hk[seq - 1 - t])) for t in range(seq)]
+    return e.concat(ys), e(relax.op.squeeze(h, [0])), None if c is None else e(relax.op.squeeze(c, [0]))
 
 
 CONVERTERS: dict[str, type] = {

@@ -42,6 +42,9 @@ SCHEDULED_ATTR = "tirx.is_scheduled"
 # and those it did re-lay, as [parameter index, panel width] pairs (see _pack_weights)
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 PACKED_ATTR = "autofuse.packed_weights"
+# on a kernel each of whose constant weights the module passes at two calls or more (an unrolled
+# recurrence's, at every step): they come from cache, not memory (see _stream_chunk)
+REUSED_ATTR = "autofuse.reused_weights"
 # what TIR raises when it refuses a transformation (ScheduleError and InternalError are both
 # RuntimeErrors in TVM 0.27)
 _REFUSED = (RuntimeError, ValueError)
@@ -325,6 +328,8 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
                 if len(coefs) == 2 and _is_one(coefs[0]) and isinstance(coefs[1], tirx.IntImm):
                     starts.add(-int(coefs[1].value))
                     inputs.add(region.source.name)
+            if outer and _one_step(region, axis, len(loops)):
+                inputs.add(region.source.name)
         if outer:  # a step read at index 0 has its start in the test that picks it (`15 <= v1`)
             name = re.escape(str(var.name))
             starts.update(int(c) for c in re.findall(rf"(?:T\.int\d+\()?(\d+)\)? <= {name}(?![\w.])", text))
@@ -333,6 +338,16 @@ def _concat_axis(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: lis
         if len(bounds) > 1 and (len(inputs) > 1 or not outer):
             return axis, [b - a for a, b in zip(bounds, [*bounds[1:], extent])]
     return None
+
+
+def _one_step(region: object, axis: int, ndim: int) -> bool:
+    """Whether a read is of an input one element long on the concatenated (outer) axis, read
+    there at 0: a step of a stack whose offset TIR folded away once the op that made it was
+    inlined (an LSTM's outputs, each picked from two steps by direction, then stacked)."""
+    if len(region.region) != ndim:
+        return False
+    dim, rng = region.source.shape[axis], region.region[axis]
+    return isinstance(dim, tirx.IntImm) and int(dim) == 1 and isinstance(rng.min, tirx.IntImm) and int(rng.min) == 0
 
 
 # a concatenation along an outer axis of fewer inputs (a class token before the patch tokens,
@@ -934,7 +949,7 @@ def _gemm_tiles(
     columns_outer = beyond_l2 and weights > rows
     order = [jo, *others, io] if columns_outer else [*others, io, jo]
     streamed = None
-    if packed and weights >= max(STREAM_BYTES, rows):
+    if packed and weights >= max(STREAM_BYTES, rows) and not _reused(sch, weights):
         streamed = _stream_tiles(sch, packed[0], tj, jo, [*others, io], r_loops, [ii, ji], partial)
     if streamed is not None:
         order, r_loops, reduce_top = streamed
@@ -1081,6 +1096,14 @@ def _stream_tiles(
     marked, depth = (rm, 2) if spread > 1 else (rows_loop, 1)
     sch.annotate(marked, PREFETCH_ATTR, f"{panel.name}:{-(-lines // (n_rows * spread))}:{depth}:{lines}")
     return order, [*r_loops[:-1], ri], (r_loops[:-1] or [ro])[0]
+
+
+def _reused(sch: s_tir.Schedule, weights: int) -> bool:
+    """Whether the weights are read from L2 at most calls, not streamed from memory: the module
+    passes each at several calls (REUSED_ATTR) and they fill at most half of L2. An LSTM's
+    recurrent weights for both directions, 2 x 96 x 384 floats at 16 steps, streamed as if cold:
+    the whole model 1.07x slower."""
+    return bool((sch.mod["main"].attrs or {}).get(REUSED_ATTR)) and weights <= l2_bytes() // 2
 
 
 def _stream_chunk(sch: s_tir.Schedule, r_loop: s_tir.schedule.LoopRV, panel_row_bytes: int) -> int | None:
@@ -1780,7 +1803,7 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
         # a concatenation read permuted (an LSTM's steps stacked along time, then transposed)
         # stays a loop per input (_schedule_concat): inlined, its reader tested every input's
         # bounds at each element (Sequencer2D's 64-way one: 640 us a call)
-        if not _reads_elementwise(sch, consumer_rv, producer_rv):
+        if not _reads_elementwise(sch, consumer_rv, producer_rv) or _reads_permuted(consumer, producer):
             concat = _concat_axis(sch, producer_rv, sch.get_loops(producer_rv))
             if concat is not None and len(concat[1]) >= OUTER_CONCAT_INPUTS:
                 return False
@@ -1792,6 +1815,20 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
         if reads and len(text) + reads * len(_body_text(producer.body)) > MAX_INLINED_CHARS:
             return False
     return True
+
+
+def _reads_permuted(consumer: s_tir.SBlock, producer: s_tir.SBlock) -> bool:
+    """Whether `consumer` reads `producer`'s output at its iterators in another order than its
+    own (a transpose; _reads_elementwise takes one whose axes have equal extents for a copy)."""
+    written = [w.source for w in producer.writes]
+    order = [iv.var for iv in consumer.iter_vars]
+    for region in consumer.reads:
+        if any(region.source.same_as(w) for w in written):
+            at = [next((k for k, v in enumerate(order) if v.same_as(r.min)), None) for r in region.region]
+            at = [k for k in at if k is not None]
+            if at != sorted(at):
+                return True
+    return False
 
 
 def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> None:
@@ -2372,15 +2409,18 @@ def static_buffers(func: tirx.PrimFunc) -> bool:
 
 def unscheduled_kernels(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, tirx.PrimFunc]:
     """The module's PrimFuncs not yet scheduled, each marked with the parameters its callers
-    pass constants at every call (LAYOUT_FREE_ATTR: what `_pack_weights` may re-lay)."""
+    pass constants at every call (LAYOUT_FREE_ATTR: what `_pack_weights` may re-lay), and
+    whether each constant comes at several calls (REUSED_ATTR)."""
     from autofuse.tvm_bridge import constant_params
+    from autofuse.tvm_bridge import reused_constants
 
-    constants = constant_params(mod)
+    constants, reused = constant_params(mod), reused_constants(mod)
     out = {}
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc) and SCHEDULED_ATTR not in (func.attrs or {}):
             free = constants.get(gv.name_hint)
-            out[gv] = func.with_attr(LAYOUT_FREE_ATTR, free) if free else func
+            func = func.with_attr(LAYOUT_FREE_ATTR, free) if free else func
+            out[gv] = func.with_attr(REUSED_ATTR, True) if free and gv.name_hint in reused else func
     return out
 
 

@@ -8,11 +8,13 @@ TVM internals; everything else in autofuse works on OpGraph and FusionPlan. Orde
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import math
 import warnings
 from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import replace
 from functools import lru_cache
@@ -1566,16 +1568,31 @@ def constant_params(mod: tvm.IRModule) -> dict[str, list[int]]:
     passes a constant (weights bound at import): the parameters its schedule may re-lay
     (schedule._pack_weights), since `repack_constants` can then re-lay the values once, here."""
     seen: dict[str, set[int]] = {}
+    for name, fields in _kernel_calls(mod):
+        consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.GenericConst)}
+        seen[name] = seen[name] & consts if name in seen else consts
+    return {name: sorted(idx) for name, idx in seen.items() if idx}
+
+
+def reused_constants(mod: tvm.IRModule) -> set[str]:
+    """The PrimFuncs to which each constant passed comes at two calls or more (an unrolled
+    recurrence's weights, at every step): their weights are read from cache but at the first
+    of those calls, where a model's other weights come from memory."""
+    calls: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for name, fields in _kernel_calls(mod):
+        # a constant is one object wherever the module passes it; objects hash by identity
+        calls[name].update(a for a in fields if isinstance(a, tvm.ir.expr.GenericConst))
+    return {name for name, counts in calls.items() if counts and min(counts.values()) > 1}
+
+
+def _kernel_calls(mod: tvm.IRModule) -> Iterator[tuple[str, list[relax.Expr]]]:
+    """(callee name, arguments) of every call_tir in the module's Relax functions."""
     for func in mod.functions.values():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
         for binding in _calls_in(func):
             callee, args = binding.value.args[0], binding.value.args[1]
-            fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
-            consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.GenericConst)}
-            name = callee.name_hint
-            seen[name] = seen[name] & consts if name in seen else consts
-    return {name: sorted(idx) for name, idx in seen.items() if idx}
+            yield callee.name_hint, list(args.fields) if isinstance(args, relax.Tuple) else [args]
 
 
 def repack_constants(

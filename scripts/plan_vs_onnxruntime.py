@@ -59,7 +59,7 @@ def main() -> None:
     time.sleep(1)  # onnxruntime's threads settle before TVM's run
     tvm_s = time_callable(lambda: vm["main"](*tensors), args.repeat)
     (ort_med, ort_spread), (tvm_med, tvm_spread) = median_and_spread(ort), median_and_spread(tvm_s)
-    print(f"onnxruntime {ort_med:.4f} s (spread {ort_spread or 0:.1%}), TVM's plan {tvm_med:.4f} s "
+    print(f"onnxruntime {ort_med:.6f} s (spread {ort_spread or 0:.1%}), TVM's plan {tvm_med:.6f} s "
           f"(spread {tvm_spread or 0:.1%}): onnxruntime / TVM's plan {ort_med / tvm_med:.2f}x")
 
 

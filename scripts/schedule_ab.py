@@ -46,7 +46,7 @@ if sys.argv[1] == "dump":
             s = ks[n]
         open(f"{out}/{n}.py", "w").write(s.script())
     sys.exit()
-from autofuse.build import make_target
+from autofuse.build import kernel_args, make_target
 a, b = sys.argv[2], sys.argv[3]; cold = "--cold" in sys.argv
 t = make_target("llvm"); dev = tvm.cpu()
 names = sorted({f[:-3] for f in os.listdir(a)} & {f[:-3] for f in os.listdir(b)})
@@ -68,8 +68,8 @@ mod = tvm.IRModule({f.attrs["global_symbol"]: f for f in funcs.values()})
 lib = tvm.tirx.build(mod, target=t)
 res = {k: [] for k in funcs}
 rng = np.random.default_rng(0)
-args = {n: [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.shape]).astype("float32"), dev) for p in funcs[(a, n)].params] for n in diff}
-argsb = {n: [tvm.runtime.tensor(rng.standard_normal([int(x) for x in p.shape]).astype("float32"), dev) for p in funcs[(b, n)].params] for n in diff}
+args = {n: kernel_args(funcs[(a, n)], dev, rng) for n in diff}
+argsb = {n: kernel_args(funcs[(b, n)], dev, rng) for n in diff}
 for r in range(int(os.environ.get("ROUNDS", 5))):
     for n in diff:
         for d, ar in ((a, args[n]), (b, argsb[n])):

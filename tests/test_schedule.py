@@ -6,6 +6,7 @@ import tvm
 
 from autofuse import apply
 from autofuse import build
+from autofuse import schedule
 from autofuse.importer import random_inputs
 from autofuse.schedule import SCHEDULED_ATTR
 from autofuse.schedule import ScheduleCPU
@@ -633,8 +634,9 @@ def test_row_kernel_keeps_a_trailing_reshape_out_of_its_rows():
     assert scheduled.script().count("_rf_update") == 8  # both reductions as vectorised partials
 
 
-def _matmul_module(weight_as_input: bool, m=6, k=96, n=64):
-    """x[m, k] @ W[k, n] with W a constant (as ONNX import binds weights) or a second input."""
+def _matmul_module(weight_as_input: bool, m=6, k=96, n=64, calls=1):
+    """relu(x[m, k] @ W[k, n]) with W a constant (as ONNX import binds weights) or a second
+    input; `calls` > 1 (with k == n): applied that many times in turn, with the same W."""
     from tvm import relax
 
     w = np.random.default_rng(1).standard_normal((k, n)).astype("float32")
@@ -646,7 +648,10 @@ def _matmul_module(weight_as_input: bool, m=6, k=96, n=64):
     with bb.function("main", params):
         with bb.dataflow():
             weight = params[1] if weight_as_input else relax.const(w)
-            out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, weight)))
+            out = x
+            for _ in range(calls):
+                out = bb.emit(relax.op.nn.relu(relax.op.matmul(out, weight)))
+            out = bb.emit_output(out)
         bb.emit_func_output(out)
     from autofuse.workload import prepare
 
@@ -1069,6 +1074,29 @@ def test_steps_stacked_along_time_are_copied_one_loop_per_step(then):
     np.testing.assert_array_equal(_run(func, *hs, out_shape=want.shape), want)
 
 
+def test_steps_of_both_directions_stacked_along_time_are_copied_one_loop_per_step():
+    # a bidirectional LSTM's outputs at time t, each direction's picked from step t or 5 - t,
+    # stacked along time, then transposed so that time is no longer outermost (Sequencer2D's
+    # horizontal LSTM: its W axis). Each pick, inlined, reads its steps at index 0 along time
+    # (no offset left to see), and a transpose whose swapped axes have equal extents reads like
+    # a copy: both once let the stacking be inlined into the transpose, every element testing
+    # every step (Sequencer2D's 284 us a call; as a loop per step 52)
+    from tvm import te
+    from tvm import topi
+
+    steps = [te.placeholder((1, 2, 6, 32), name=f"h{t}") for t in range(6)]
+    forward = te.placeholder((1, 2, 1, 1), name="forward", dtype="bool")
+    picked = [topi.where(forward, steps[t], steps[5 - t]) for t in range(6)]
+    out = topi.reshape(topi.transpose(topi.concatenate(picked, axis=0), (2, 0, 1, 3)), (6, 6, 64))
+    func = schedule_cpu(te.create_prim_func([*steps, forward, out]), lanes=16, acc=16)
+    assert _copies_per_input(func) == 6
+    rng = np.random.default_rng(0)
+    hs = [rng.standard_normal((1, 2, 6, 32)).astype("float32") for _ in steps]
+    fwd = np.array([True, False]).reshape(1, 2, 1, 1)
+    want = np.concatenate([np.where(fwd, hs[t], hs[5 - t]) for t in range(6)]).transpose(2, 0, 1, 3).reshape(6, 6, 64)
+    np.testing.assert_array_equal(_run(func, *hs, fwd, out_shape=want.shape), want)
+
+
 def test_a_channel_concatenation_with_an_input_read_transposed_is_copied_per_input():
     # RDNet joins a channels-last map and an NCHW one along the channels: only one input's
     # channel index is offset (the other's is not in its last axis), and it is still a
@@ -1319,6 +1347,26 @@ def test_weights_that_are_small_or_inputs_are_not_streamed(m, k, n, weight_as_in
     scheduled = build.schedule(fused, build.make_target("llvm"), "rules")
     _, kernel = _kernel(scheduled)
     assert _register_tiled(kernel.script()) and not _prefetches(kernel)
+
+
+@pytest.mark.parametrize("calls, streamed", [(1, True), (3, False)])
+def test_weights_passed_at_every_step_are_not_streamed(calls, streamed, monkeypatch):
+    # an unrolled recurrence passes its recurrent weights at every step: they come from L2 but
+    # at the first, and streamed as if from memory, an LSTM's (both directions, 295 KiB) ran
+    # its model 1.07x slower; the same weights at one call are streamed
+    monkeypatch.setattr(schedule, "l2_bytes", lambda: 1 << 20)  # 400 KiB of weights fit half
+    wl, fused, w = _matmul_module(weight_as_input=False, m=28, k=320, n=320, calls=calls)
+    target = build.make_target("llvm")
+    scheduled = build.schedule(fused, target, "rules")
+    kernels = [f for gv, f in scheduled.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
+    assert len(kernels) == 1 and _register_tiled(kernels[0].script())
+    assert bool(_prefetches(kernels[0])) == streamed
+    feeds = random_inputs(wl.inputs)
+    want = feeds[0]
+    for _ in range(calls):
+        want = np.maximum(want @ w, 0)
+    got = build.run(build.compile_scheduled(scheduled, target)[0], tvm.cpu(), feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * float(np.abs(want).max()))
 
 
 def test_an_element_shifted_along_the_innermost_axis_is_no_concatenation():
