@@ -6,8 +6,8 @@ is known and the recurrence is unrolled: each time step's matmul and gate elemen
 ordinary kernels that LegalizeOps and the fusion search see like any others. As in ONNX
 Runtime, the input projection X*W^T (plus the biases) is one matmul over all steps; only H*R^T
 stays per step. The directions of a bidirectional node step together, their states stacked
-([directions, batch, hidden]) and their recurrent matmuls batched: one set of kernels a step,
-not one per direction, since at these sizes a step's time is mostly the kernels' calls.
+([1, directions, batch, hidden]) and their recurrent matmuls batched: one set of kernels a
+step, not one per direction, since at these sizes a step's time is mostly the kernels' calls.
 """
 
 from __future__ import annotations
@@ -376,10 +376,11 @@ def _unroll(
         hk.append(h)
     if len(dirs) == 1:
         return e(relax.op.expand_dims(e.concat(hk[::-1] if reverse[0] else hk), 1)), h, c
-    # Y[t]: each direction's output at time t, from step t or (reversed) seq-1-t, chosen lane by
-    # lane; the steps then concatenate along time as they are, a loop per step
-    # (schedule._schedule_concat); a flip after the concatenation was inlined into its readers,
-    # which then tested every step's bounds at each element (Sequencer2D: 0.5-0.9 ms a call)
+    # Y[t]: each direction's output at time t, from step t or (reversed) seq-1-t, picked lane by
+    # lane; the picks then concatenate along time as they are, a loop per step
+    # (schedule._schedule_concat, _one_step). A flip after the concatenation was inlined into
+    # its readers, which then tested every step's bounds at each element (Sequencer2D's last
+    # step and output: 0.5-0.9 ms a call)
     forward = array_const(np.array([not rev for rev in reverse]).reshape(1, -1, 1, 1))
     ys = [e(relax.op.where(forward, hk[t], hk[seq - 1 - t])) for t in range(seq)]
     return e.concat(ys), e(relax.op.squeeze(h, [0])), None if c is None else e(relax.op.squeeze(c, [0]))

@@ -43,7 +43,7 @@ SCHEDULED_ATTR = "tirx.is_scheduled"
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 PACKED_ATTR = "autofuse.packed_weights"
 # on a kernel each of whose constant weights the module passes at two calls or more (an unrolled
-# recurrence's, at every step): they come from cache, not memory (see _stream_chunk)
+# recurrence's, at every step): they come from cache, not memory (see _reused)
 REUSED_ATTR = "autofuse.reused_weights"
 # what TIR raises when it refuses a transformation (ScheduleError and InternalError are both
 # RuntimeErrors in TVM 0.27)
@@ -1100,9 +1100,9 @@ def _stream_tiles(
 
 def _reused(sch: s_tir.Schedule, weights: int) -> bool:
     """Whether the weights are read from L2 at most calls, not streamed from memory: the module
-    passes each at several calls (REUSED_ATTR) and they fill at most half of L2. An LSTM's
-    recurrent weights for both directions, 2 x 96 x 384 floats at 16 steps, streamed as if cold:
-    the whole model 1.07x slower."""
+    passes each at several calls (REUSED_ATTR) and they fill at most half of L2. A bidirectional
+    LSTM's recurrent weights, 2 x 96 x 384 floats read at each of 16 steps, streamed as if cold:
+    the one-node model 1.07x slower (libraries paired)."""
     return bool((sch.mod["main"].attrs or {}).get(REUSED_ATTR)) and weights <= l2_bytes() // 2
 
 

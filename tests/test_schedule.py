@@ -1358,7 +1358,8 @@ def test_weights_passed_at_every_step_are_not_streamed(calls, streamed, monkeypa
     wl, fused, w = _matmul_module(weight_as_input=False, m=28, k=320, n=320, calls=calls)
     target = build.make_target("llvm")
     scheduled = build.schedule(fused, target, "rules")
-    kernels = [f for gv, f in scheduled.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
+    kernels = [f for gv, f in scheduled.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
     assert len(kernels) == 1 and _register_tiled(kernels[0].script())
     assert bool(_prefetches(kernels[0])) == streamed
     feeds = random_inputs(wl.inputs)
