@@ -49,7 +49,9 @@ def main() -> None:
         diff = np.abs(g.astype("float64") - r)
         # (the share of elements off by more than 1e-3: a detector's masks pasted one pixel
         # apart where a box's edge rounds the other way differ by ~1 there, and only there)
-        print(g.shape, r.shape, f"max abs diff {float(diff.max()):.3g}, {float((diff > 1e-3).mean()):.2%} over 1e-3")
+        # and the largest |output|, the scale the difference is to be read against
+        print(g.shape, r.shape, f"max abs diff {float(diff.max()):.3g}, {float((diff > 1e-3).mean()):.2%} over 1e-3, "
+              f"largest |output| {float(np.abs(r).max()):.3g}")
     if args.repeat <= 0:
         return
     device = build.device_for(target)
