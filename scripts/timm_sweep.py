@@ -1,9 +1,8 @@
-"""Import robustness and speed on timm's architectures (random weights, none left at or near zero:
-see FAINT): each model exported
-with PyTorch's TorchScript exporter (opset 17; or the dynamo exporter where TorchScript's fails),
-then, each in a process of its own, TVM's plan built, its output compared with onnxruntime's and
-both timed (`plan_vs_onnxruntime.py`). A model that does not export is the exporter's problem:
-listed, not checked.
+"""Import robustness and speed on timm's architectures (random weights, none left at or near
+zero: see FAINT): each model exported with PyTorch's TorchScript exporter (opset 17; or the
+dynamo exporter where TorchScript's fails), then, each in a process of its own, TVM's plan
+built, its output compared with onnxruntime's and both timed (`plan_vs_onnxruntime.py`). A
+model that does not export is the exporter's problem: listed, not checked.
 
     pip install timm torch                      # in any environment: only the export needs them
     python scripts/timm_sweep.py --export-python /path/to/python-with-timm --out /tmp/timm

@@ -174,7 +174,7 @@ def test_recurrent_ops_are_supported():
 def test_unrolled_into_ordinary_kernels(op, case, batches, tmp_path):
     # one input projection for all steps, one recurrent matmul per step after the first (GRU
     # before reset: two), a bidirectional node's directions batched in each (at 16 steps of 96
-    # hidden units an LSTM 1.14x faster) unless their activations differ; each gate a slice of
+    # hidden units an LSTM 1.07-1.10x faster, libraries paired) unless their activations differ; each gate a slice of
     # the step's pre-activations (fused into the gate's kernel), the steps one split of the
     # projection
     path = tmp_path / "rnn.onnx"
