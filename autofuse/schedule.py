@@ -1803,7 +1803,7 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
         # a concatenation read permuted (an LSTM's steps stacked along time, then transposed)
         # stays a loop per input (_schedule_concat): inlined, its reader tested every input's
         # bounds at each element (Sequencer2D's 64-way one: 640 us a call)
-        if not _reads_elementwise(sch, consumer_rv, producer_rv) or _reads_permuted(consumer, producer):
+        if not _reads_elementwise(sch, consumer_rv, producer_rv):
             concat = _concat_axis(sch, producer_rv, sch.get_loops(producer_rv))
             if concat is not None and len(concat[1]) >= OUTER_CONCAT_INPUTS:
                 return False
@@ -1815,20 +1815,6 @@ def _inline_fits(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, reverse: b
         if reads and len(text) + reads * len(_body_text(producer.body)) > MAX_INLINED_CHARS:
             return False
     return True
-
-
-def _reads_permuted(consumer: s_tir.SBlock, producer: s_tir.SBlock) -> bool:
-    """Whether `consumer` reads `producer`'s output at its iterators in another order than its
-    own (a transpose; _reads_elementwise takes one whose axes have equal extents for a copy)."""
-    written = [w.source for w in producer.writes]
-    order = [iv.var for iv in consumer.iter_vars]
-    for region in consumer.reads:
-        if any(region.source.same_as(w) for w in written):
-            at = [next((k for k, v in enumerate(order) if v.same_as(r.min)), None) for r in region.region]
-            at = [k for k in at if k is not None]
-            if at != sorted(at):
-                return True
-    return False
 
 
 def _schedule_whole_reduction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list, lanes: int) -> None:
@@ -2342,20 +2328,28 @@ def _reads_elementwise(
     """Whether `block` reads `producer`'s output one element at a time at plain iterators. An
     epilogue that permutes it (Swin's window reverse: reshape, transpose, reshape inlined after
     a matmul) reads rows other tiles compute, and TIR's reverse_compute_at then places it inside
-    the tile anyway (wrong results, seen on Swin): such an epilogue stays a nest of its own.
-    So does one that writes more than it reads of `producer` (a concatenation of its output and
-    another tensor): placed in the tile, it would write only the part the tile covers, the
-    other inputs' never (YOLOv8's convolution -> SiLU -> concat, fused: garbage channels)."""
+    the tile anyway (wrong results, seen on Swin): such an epilogue stays a nest of its own,
+    whether or not the axes it swaps have equal extents (a stack of an LSTM's steps, [16, 2, 16,
+    96], read as [16, 16, 2, 96]). So does one that writes more than it reads of `producer` (a
+    concatenation of its output and another tensor): placed in the tile, it would write only the
+    part the tile covers, the other inputs' never (YOLOv8's convolution -> SiLU -> concat, fused:
+    garbage channels)."""
     written = [w.source for w in sch.get(producer).writes]
-    extents = {iv.var: iv.dom.extent for iv in sch.get(block).iter_vars}
+    iters = [iv.var for iv in sch.get(block).iter_vars]
+    extents = [iv.dom.extent for iv in sch.get(block).iter_vars]
     for region in sch.get(block).reads:
         if any(region.source.same_as(w) for w in written):
+            last = -1  # the position among the block's iterators of the last axis read
             for rng, dim in zip(region.region, region.source.shape):
                 one = isinstance(rng.extent, tirx.IntImm) and int(rng.extent) == 1
                 unit_axis = isinstance(dim, tirx.IntImm) and int(dim) == 1  # batch 1: any index
                 if not one or not (isinstance(rng.min, tirx.Var) or unit_axis):
                     return False
-                extent = next((e for v, e in extents.items() if v.same_as(rng.min)), None)
+                at = next((k for k, v in enumerate(iters) if v.same_as(rng.min)), None)
+                if at is not None and at < last:
+                    return False  # the axes read in another order: a transpose
+                last = last if at is None else at
+                extent = None if at is None else extents[at]
                 if not unit_axis and not (isinstance(extent, tirx.IntImm) and isinstance(dim, tirx.IntImm)
                                           and int(extent) == int(dim)):
                     return False  # the iterator runs past the producer's axis: a concatenation
