@@ -212,10 +212,10 @@ class _Emitter:
         pieces = self(relax.op.split(x, parts, axis=axis))
         return [self(relax.TupleGetItem(pieces, i)) for i in range(parts)]
 
-    def gates(self, x: relax.Expr, parts: int) -> list[relax.Expr]:
-        """`parts` equal gate blocks of `x`'s last axis, each a slice of its own: a slice with one
-        consumer fuses into the gate's elementwise kernel, where a split is a kernel of its own
-        (and a tuple) at every step."""
+    def blocks(self, x: relax.Expr, parts: int) -> list[relax.Expr]:
+        """`parts` equal blocks of `x`'s last axis (gates, directions), each a slice of its own: a
+        slice with one consumer fuses into the gate's elementwise kernel, where a split is a
+        kernel of its own (and a tuple) at every step."""
         n = static_shape(x)[-1] // parts
         return [self(relax.op.strided_slice(x, axes=[-1], begin=[k * n], end=[(k + 1) * n]))
                 for k in range(parts)]
@@ -240,7 +240,7 @@ def _lstm_step(
 ) -> tuple[relax.Expr, relax.Expr]:
     f, g, hf = acts
     pre = x_t if h is None else e.add(x_t, e(relax.op.matmul(h, rt[0])))
-    i, o, fg, cc = e.gates(pre, 4)
+    i, o, fg, cc = e.blocks(pre, 4)
     if p is not None and c is not None:  # peepholes P[i, o, f]; Ct-1 feeds i and f
         i, fg = e.add(i, e.mul(p[0], c)), e.add(fg, e.mul(p[2], c))
     ic = e.mul(e.act(f, i), e.act(g, cc))
@@ -259,17 +259,17 @@ def _gru_step(
     rbh: relax.Expr | None,
 ) -> relax.Expr:
     f, g = acts
-    xz, xr, xh = e.gates(x_t, 3)
+    xz, xr, xh = e.blocks(x_t, 3)
     if h is None:  # Ht-1 = 0: no recurrent matmul, only Rbh (linear_before_reset) survives
         z, r = e.act(f, xz), e.act(f, xr)
         n = e.act(g, xh if rbh is None else e.add(xh, e.mul(r, rbh)))
         return e.mul(e(relax.op.subtract(relax.const(1, n.ty.dtype), z)), n)
     if e.node.linear_before_reset:  # ht = g(Xt*Wh^T + rt (.) (Ht-1*Rh^T + Rbh) + Wbh)
-        hz, hr, hh = e.gates(e(relax.op.matmul(h, rt[0])), 3)
+        hz, hr, hh = e.blocks(e(relax.op.matmul(h, rt[0])), 3)
         z, r = e.act(f, e.add(xz, hz)), e.act(f, e.add(xr, hr))
         n = e.act(g, e.add(xh, e.mul(r, e.add(hh, rbh))))
     else:  # ht = g(Xt*Wh^T + (rt (.) Ht-1)*Rh^T + Rbh + Wbh)
-        hz, hr = e.gates(e(relax.op.matmul(h, rt[0])), 2)
+        hz, hr = e.blocks(e(relax.op.matmul(h, rt[0])), 2)
         z, r = e.act(f, e.add(xz, hz)), e.act(f, e.add(xr, hr))
         n = e.act(g, e.add(xh, e(relax.op.matmul(e.mul(r, h), rt[1]))))
     # Ht = (1 - zt) (.) ht + zt (.) Ht-1, written ht + zt (.) (Ht-1 - ht): one op fewer
@@ -353,15 +353,13 @@ def _unroll(
     # Xt*W^T + biases for all steps and directions in one matmul: [seq, batch, dirs*gates*hidden]
     wt = e.concat([e.transposed(e.direction(w, d)) for d in dirs], axis=1)
     xw = e.add(e(relax.op.matmul(x, wt)), e.concat(biases) if biases else None)
-    seq, width = static_shape(x)[0], gates * hsz
+    seq = static_shape(x)[0]
     reverse = [node.directions[d] == "reverse" for d in dirs]
     h, c = _state(e, h0, dirs), _state(e, c0, dirs)
     if len(dirs) == 1:
         steps = e.split(xw, seq, axis=0)[:: -1 if reverse[0] else 1]  # [1, batch, gates*hidden] each
     else:  # each direction's inputs in its own time order: [1, dirs, batch, gates*hidden] a step
-        parts = [e(relax.op.strided_slice(xw, axes=[2], begin=[k * width], end=[(k + 1) * width]))
-                 for k in range(len(dirs))]
-        parts = [e(relax.op.flip(t, axis=0)) if rev else t for t, rev in zip(parts, reverse)]
+        parts = [e(relax.op.flip(t, axis=0)) if rev else t for t, rev in zip(e.blocks(xw, len(dirs)), reverse)]
         steps = e.split(e(relax.op.stack(parts, axis=1)), seq, axis=0)
         h, c = (None if t is None else e(relax.op.expand_dims(t, 0)) for t in (h, c))
     acts = node.acts[dirs[0]]
