@@ -2406,15 +2406,16 @@ def unscheduled_kernels(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, tirx.PrimFu
     pass constants at every call (LAYOUT_FREE_ATTR: what `_pack_weights` may re-lay), and
     whether each constant comes at several calls (REUSED_ATTR)."""
     from autofuse.tvm_bridge import constant_params
-    from autofuse.tvm_bridge import reused_constants
 
-    constants, reused = constant_params(mod), reused_constants(mod)
+    constants = constant_params(mod)
     out = {}
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc) and SCHEDULED_ATTR not in (func.attrs or {}):
-            free = constants.get(gv.name_hint)
-            func = func.with_attr(LAYOUT_FREE_ATTR, free) if free else func
-            out[gv] = func.with_attr(REUSED_ATTR, True) if free and gv.name_hint in reused else func
+            if gv.name_hint in constants:
+                free, reused = constants[gv.name_hint]
+                func = func.with_attr(LAYOUT_FREE_ATTR, free)
+                func = func.with_attr(REUSED_ATTR, True) if reused else func
+            out[gv] = func
     return out
 
 

@@ -1563,26 +1563,21 @@ def _node_tag(prim: tirx.PrimFunc) -> int:
     return int(prim.attrs[_TAG])
 
 
-def constant_params(mod: tvm.IRModule) -> dict[str, list[int]]:
+def constant_params(mod: tvm.IRModule) -> dict[str, tuple[list[int], bool]]:
     """For each PrimFunc, the parameters to which every call_tir in the module's Relax functions
     passes a constant (weights bound at import): the parameters its schedule may re-lay
-    (schedule._pack_weights), since `repack_constants` can then re-lay the values once, here."""
+    (schedule._pack_weights), since `repack_constants` can then re-lay the values once, here;
+    and whether each constant passed comes at two calls or more (an unrolled recurrence's
+    weights, at every step): read from cache but at the first of those calls, where a model's
+    other weights come from memory."""
     seen: dict[str, set[int]] = {}
+    passed: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for name, fields in _kernel_calls(mod):
         consts = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.GenericConst)}
         seen[name] = seen[name] & consts if name in seen else consts
-    return {name: sorted(idx) for name, idx in seen.items() if idx}
-
-
-def reused_constants(mod: tvm.IRModule) -> set[str]:
-    """The PrimFuncs to which each constant passed comes at two calls or more (an unrolled
-    recurrence's weights, at every step): their weights are read from cache but at the first
-    of those calls, where a model's other weights come from memory."""
-    calls: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for name, fields in _kernel_calls(mod):
         # a constant is one object wherever the module passes it; objects hash by identity
-        calls[name].update(a for a in fields if isinstance(a, tvm.ir.expr.GenericConst))
-    return {name for name, counts in calls.items() if counts and min(counts.values()) > 1}
+        passed[name].update(fields[i] for i in consts)
+    return {name: (sorted(idx), min(passed[name].values()) > 1) for name, idx in seen.items() if idx}
 
 
 def _kernel_calls(mod: tvm.IRModule) -> Iterator[tuple[str, list[relax.Expr]]]:
