@@ -874,6 +874,27 @@ def test_register_tiles_are_three_vectors_wide_where_rows_are_broadcasts():
     np.testing.assert_allclose(_run(depthwise, a, b, out_shape=(1, 8, 8, 96)), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("c_in", [32, 3])
+def test_a_partial_last_tile_of_merged_rows_overlaps_the_one_before_it(c_in):
+    # a 7x7 image's 49 rows in 6-row tiles: the ninth tile was predicated, which put a predicate
+    # on every row of every tile, and LLVM then kept the accumulators in memory unless it
+    # versioned the loop (Xception's 1x1 728 -> 728 convolution on 37x37: 14.4 -> 7.0 ms). The
+    # last tile now starts 6 rows before the end, computing 5 rows of the one before again;
+    # a short reduction (3 input channels: 27 taps) keeps its predicate
+    from tvm import te
+
+    x, b, conv = _window(False, 7, 7, c_in=c_in, c_out=64)
+    relu = te.compute((1, 7, 7, 64), lambda n, h, w, o: te.max(conv[n, h, w, o], 0.0), name="relu")
+    func = schedule_cpu(te.create_prim_func([x, b, relu]), lanes=8, acc=12)
+    text = func.script()
+    assert (6, "unroll") in _update_loops(func)
+    assert ("T.where" in text) == (c_in == 3) and (", 43)" in text) == (c_in == 32)
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((1, 9, 9, c_in)).astype("float32"), rng.standard_normal((3, 3, c_in, 64)).astype("float32")
+    want = np.maximum(sum(a[:, i:i + 7, j:j + 7, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
+    np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 7, 7, 64)), want, rtol=1e-4, atol=1e-4)
+
+
 def test_image_rows_straddled_by_a_tile_are_merged_in_layout_too():
     # 5 x 2 rows against 16 columns: fused as loops into 10 rows, a 5-row tile straddled two of
     # the outer rows, and its write-back covered both, outputs it never computed included (an
