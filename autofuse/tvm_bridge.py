@@ -350,6 +350,18 @@ class _LayoutRewriter(relax.PyExprMutator):
         # each quantize's result (the cast to its integer type) and the whole float it casts
         self.quantized: list[tuple[relax.Expr, relax.Expr]] = []
 
+    def _reshaped_back(self, call: relax.Call) -> relax.Expr | None:
+        """y, where `call` reshapes a reshape of y back to y's own shape (onnx_composites' group
+        norm of an image, reshaped as the instance norm PyTorch exported it over, and back):
+        with the pair in between, ConvertLayout put a transpose on either side."""
+        is_reshape = lambda e: (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)  # noqa: E731
+                                and e.op.name == "relax.reshape")
+        inner = self.lookup_binding(call.args[0]) if is_reshape(call) and isinstance(call.args[0], relax.Var) else None
+        y = inner.args[0] if is_reshape(inner) else None
+        if y is None or _static_dims(y.ty) is None or _static_dims(y.ty) != _static_dims(call.ty):
+            return None
+        return y
+
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         # a quantized value cast back to float (ConvInteger's input, see onnx_integer) is the
         # whole number quantize computed before its cast: its uses read that variable. (Bound
@@ -357,6 +369,10 @@ class _LayoutRewriter(relax.PyExprMutator):
         # ConvertLayout, which has no rule for such a binding; a pass canonicalising the
         # bindings afterwards also renames every model's output, their workload keys with it.)
         value = binding.value
+        back = self._reshaped_back(self.visit_expr(value)) if isinstance(binding.var, relax.DataflowVar) else None
+        if isinstance(back, relax.DataflowVar):  # its uses read y itself, for the same reason as below
+            self.set_var_remap(binding.var, back)
+            return
         if (isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.Call)
                 and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
                 and str(value.attrs.dtype) == "float32"):
@@ -456,7 +472,9 @@ class _LayoutRewriter(relax.PyExprMutator):
         """A binary op whose operand of lower rank is computed at run time, reshaped to the other's
         rank: TVM 0.27's layout rule keeps the op channels-first when the ranks differ, behind a
         transpose each way (an int8 model's run-time quantized bias, [C, 1, 1], added to every
-        convolution's output). A constant is left alone, as ConvertLayout handles those."""
+        convolution's output). So is a constant of two or more dimensions (a per-channel scale
+        [C, 1, 1], PyTorch's GroupNorm affine after onnx_composites' group norm), as a constant of
+        the full rank; one of lower rank (a bias [C]) ConvertLayout handles."""
         a, b = call.args
         ranks = [getattr(getattr(x, "ty", None), "ndim", -1) for x in (a, b)]
         if min(ranks) < 1 or ranks[0] == ranks[1]:
@@ -464,9 +482,13 @@ class _LayoutRewriter(relax.PyExprMutator):
         low = 0 if ranks[0] < ranks[1] else 1
         x = call.args[low]
         shape = _static_dims(x.ty)
-        if isinstance(x, tvm.ir.expr.GenericConst) or shape is None:
+        if shape is None or (isinstance(x, tvm.ir.expr.GenericConst) and len(shape) < 2):
             return call
-        full = self.builder_.normalize(relax.op.reshape(x, [1] * abs(ranks[0] - ranks[1]) + shape))
+        shape = [1] * abs(ranks[0] - ranks[1]) + shape
+        if isinstance(x, tvm.ir.expr.GenericConst):
+            full = relax.const(x.value.numpy().reshape(shape), x.ty.dtype)
+        else:
+            full = self.builder_.normalize(relax.op.reshape(x, shape))
         args = [full, b] if low == 0 else [a, full]
         return self.builder_.normalize(relax.Call(call.op, args, call.attrs))
 
