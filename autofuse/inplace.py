@@ -15,7 +15,9 @@ overwrite is read from the kernel as FuseTIR left it (a schedule computes the sa
 
 Kernel side: an input of the output's shape and dtype whose element i feeds only output element
 i, through elementwise blocks each reading the previous one at the index it writes. Any schedule
-then reads input element i before it writes output element i, and nothing else reads it.
+then reads input element i before it writes output element i, and nothing else reads it; except
+one whose last register tile overlaps the one before it (schedule._overlap_last_tile), which
+reads rows again after writing them: such a kernel (RECOMPUTES_ATTR) stays out of place.
 Relax side: the input is a tensor `main` computed into memory of its own (a kernel's output;
 not a reshape, which the VM turns into a view of its input, nor a parameter, a constant, a tuple
 field or anything a view was taken of), the call passes it once, and nothing reads it afterwards.
@@ -31,6 +33,7 @@ from tvm import relax
 from tvm import s_tir
 from tvm import tirx
 
+from autofuse.schedule import RECOMPUTES_ATTR
 from autofuse.schedule import _is_one
 from autofuse.schedule import new_schedule
 from autofuse.schedule import static_buffers
@@ -64,6 +67,8 @@ def reuse_dead_inputs(mod: tvm.IRModule, unscheduled: tvm.IRModule) -> tvm.IRMod
             prim = mod[call.args[0]]
             if not isinstance(prim, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(prim):
                 safe[name] = None  # a reshape: the VM makes it a view of its input
+            elif (prim.attrs or {}).get(RECOMPUTES_ATTR):
+                safe[name] = []  # its last tile reads rows the one before it has written
             else:
                 safe[name] = _inplace_args(unscheduled[name]) if name in unscheduled else []
         if safe[name] is None or not call.op.same_as(call_tir_op()):  # a view, or already in place

@@ -695,9 +695,11 @@ PREFETCH_BURST = 8
 STREAM_MIN_TILES = 8
 CACHE_LINE = 64
 PREFETCH_ATTR = "autofuse_prefetch"
-# on the loop over register tiles whose rows the tile size does not divide: "rows:tile" (see
-# _overlap_last_tile)
+# on the loop over register tiles whose rows the tile size does not divide: "rows:tile"; and
+# on a kernel whose last tile of rows overlaps the one before it, computing rows twice (see
+# _overlap_last_tile): it must not write over an input it reads (inplace.py)
 OVERLAP_ATTR = "autofuse_overlap_rows"
+RECOMPUTES_ATTR = "autofuse.recomputes_rows"
 # TVM's limit for putting a buffer on the stack (runtime::kMaxStackAlloca): a buffer of this
 # size or more, or not in global scope, is allocated from the workspace pool wherever it lives
 STACK_BYTES = 1024
@@ -1230,7 +1232,8 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
     min(start, rows - tile) is no affine binding, which TIR's primitives require. Each block in
     the tile whose predicate bounds a row `start + r` (r a loop of `tile` iterations) reads
     that row at min(start, rows - tile) + r instead; a tile with any other predicate is left
-    as it is."""
+    as it is. The function is marked RECOMPUTES_ATTR: a tile reads the rows of its inputs after
+    the tile before it wrote its outputs, so it must not write over an input (inplace.py)."""
 
     def rewrite(realize: s_tir.SBlockRealize, loops: list, rows: int, tile: int) -> s_tir.SBlockRealize | None:
         kept, values = [], list(realize.iter_values)
@@ -1263,7 +1266,8 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
             notes = {k: v for k, v in (stmt.annotations or {}).items() if k != OVERLAP_ATTR}
             if body.same_as(stmt.body) and mark is None:
                 return stmt
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, notes, stmt.step)
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, notes,
+                            stmt.step)
         if isinstance(stmt, tirx.SeqStmt):
             seq = [visit(s, note, loops) for s in stmt.seq]
             if any(s is None for s in seq):
@@ -1291,7 +1295,9 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     ana = Analyzer()
     body = visit(func.body, None, [])
-    return func if body is None or body.same_as(func.body) else func.with_body(body)
+    if body is None or body.same_as(func.body):
+        return func
+    return func.with_body(body).with_attr(RECOMPUTES_ATTR, True)
 
 
 def _conjuncts(cond: tirx.PrimExpr) -> list:

@@ -411,15 +411,17 @@ class _LayoutRewriter(relax.PyExprMutator):
         # each quantize's result (the cast to its integer type) and the whole float it casts
         self.quantized: list[tuple[relax.Expr, relax.Expr]] = []
 
-    def _reshaped_back(self, call: relax.Call) -> relax.Expr | None:
-        """y, where `call` reshapes a reshape of y back to y's own shape (onnx_composites' group
+    def _reshaped_back(self, value: relax.Expr) -> relax.Expr | None:
+        """y, where `value` reshapes a reshape of y back to y's own shape (onnx_composites' group
         norm of an image, reshaped as the instance norm PyTorch exported it over, and back):
         with the pair in between, ConvertLayout put a transpose on either side."""
         is_reshape = lambda e: (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)  # noqa: E731
                                 and e.op.name == "relax.reshape")
-        inner = self.lookup_binding(call.args[0]) if is_reshape(call) and isinstance(call.args[0], relax.Var) else None
+        if not (is_reshape(value) and isinstance(value.args[0], relax.Var)):
+            return None
+        inner = self.lookup_binding(self.visit_expr(value.args[0]))  # the reshaped value as rewritten
         y = inner.args[0] if is_reshape(inner) else None
-        if y is None or _static_dims(y.ty) is None or _static_dims(y.ty) != _static_dims(call.ty):
+        if y is None or _static_dims(y.ty) is None or _static_dims(y.ty) != _static_dims(value.ty):
             return None
         return y
 
@@ -430,7 +432,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         # ConvertLayout, which has no rule for such a binding; a pass canonicalising the
         # bindings afterwards also renames every model's output, their workload keys with it.)
         value = binding.value
-        back = self._reshaped_back(self.visit_expr(value)) if isinstance(binding.var, relax.DataflowVar) else None
+        back = self._reshaped_back(value) if isinstance(binding.var, relax.DataflowVar) else None
         if isinstance(back, relax.DataflowVar):  # its uses read y itself, for the same reason as below
             self.set_var_remap(binding.var, back)
             return

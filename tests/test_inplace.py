@@ -217,3 +217,37 @@ def test_a_kernel_another_function_calls_too_is_left_out_of_place(in_branch):
     assert _in_place_calls(reuse_dead_inputs(mod, mod)) == []
     assert _in_place_calls(reuse_dead_inputs(tvm.IRModule({gv: f for gv, f in mod.functions.items()
                                                             if gv.name_hint != "other"}), mod)) == ["add"]
+
+
+def test_a_kernel_whose_last_tile_recomputes_rows_keeps_its_output_apart():
+    # a 13x13 image's 169 rows in register tiles that do not divide them: the last tile overlaps
+    # the one before it (schedule._overlap_last_tile) and reads those rows' residual again after
+    # that tile wrote them; written in place, the residual would be added twice there
+    from autofuse.schedule import RECOMPUTES_ATTR
+
+    side, c = 13, 64
+    weight = RNG.standard_normal((3, 3, c, c)).astype("float32") / 24
+    pointwise = RNG.standard_normal((1, 1, c, c)).astype("float32") / 8
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, side, side, c), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(relax.op.multiply(x, relax.const(2.0, "float32"))))
+            # a kernel of its own (a convolution does not fuse into another), read by the add alone
+            residual = bb.emit(relax.op.nn.conv2d(x, relax.const(pointwise), data_layout="NHWC", kernel_layout="HWIO"))
+            conv = relax.op.nn.conv2d(a, relax.const(weight), padding=1, data_layout="NHWC", kernel_layout="HWIO")
+            out = bb.emit_output(relax.op.multiply(relax.op.add(conv, residual), relax.const(3.0, "float32")))
+        bb.emit_func_output(out)
+    w = prepare(bb.get())
+    fused = apply.apply_plan(w.mod, w.graph, w.tvm_default())
+    target = build.make_target("llvm")
+    scheduled = build.schedule(fused, target, "rules")
+    (conv_kernel,) = [gv.name_hint for gv in scheduled.get_global_vars() if "conv2d" in gv.name_hint and "add" in gv.name_hint]
+    assert (scheduled[conv_kernel].attrs or {}).get(RECOMPUTES_ATTR)
+    assert conv_kernel not in _in_place_calls(reuse_dead_inputs(pack_constants(scheduled), fused))
+    xs = RNG.standard_normal((1, side, side, c)).astype("float32")
+    vm = relax.VirtualMachine(build.build(fused, target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+    a_np = np.pad(np.maximum(2 * xs, 0), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    conv_np = sum(a_np[:, i:i + side, j:j + side, :] @ weight[i, j] for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got, 3 * (conv_np + xs @ pointwise[0, 0]), rtol=1e-4, atol=1e-4)

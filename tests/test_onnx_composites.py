@@ -217,10 +217,12 @@ def test_groupnorm_as_pytorch_exports_it_is_a_group_norm_channels_last_between_c
     c, side = 64, 8
     rng = np.random.default_rng(0)
     consts = {
-        "w1": rng.standard_normal((c, c, 3, 3)).astype("float32") / 24, "w2": rng.standard_normal((c, c, 3, 3)).astype("float32") / 24,
+        "w1": rng.standard_normal((c, c, 3, 3)).astype("float32") / 24,
+        "w2": rng.standard_normal((c, c, 3, 3)).astype("float32") / 24,
         "groups": np.array([1, groups, -1], np.int64), "back": np.array([1, c, side, side], np.int64),
         "s": rng.standard_normal(groups).astype("float32"), "b": rng.standard_normal(groups).astype("float32"),
-        "gamma": rng.standard_normal((c, 1, 1)).astype("float32"), "beta": rng.standard_normal((c, 1, 1)).astype("float32"),
+        "gamma": rng.standard_normal((c, 1, 1)).astype("float32"),
+        "beta": rng.standard_normal((c, 1, 1)).astype("float32"),
         # groups whose mean is far from zero against their spread: TVM's group norm takes the
         # variance as E[x^2] - E[x]^2 in one pass and lost it (see tvm_bridge._group_norm_two_pass)
         "offset": np.full(c, 300.0, np.float32),

@@ -890,7 +890,8 @@ def test_a_partial_last_tile_of_merged_rows_overlaps_the_one_before_it(c_in):
     assert (6, "unroll") in _update_loops(func)
     assert ("T.where" in text) == (c_in == 3) and (", 43)" in text) == (c_in == 32)
     rng = np.random.default_rng(0)
-    a, w = rng.standard_normal((1, 9, 9, c_in)).astype("float32"), rng.standard_normal((3, 3, c_in, 64)).astype("float32")
+    a = rng.standard_normal((1, 9, 9, c_in)).astype("float32")
+    w = rng.standard_normal((3, 3, c_in, 64)).astype("float32")
     want = np.maximum(sum(a[:, i:i + 7, j:j + 7, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
     np.testing.assert_allclose(_run(func, a, w, out_shape=(1, 7, 7, 64)), want, rtol=1e-4, atol=1e-4)
 
