@@ -236,18 +236,21 @@ def _group_norm_two_pass(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr
             return [te.reduce_axis((0, x.shape[i])) for i in axes] + [te.reduce_axis((0, per))]
 
         shape = [x.shape[i] for i in kept] + [groups]
+        acc = "float32" if tvm.DataType(x.dtype).bits < 32 else x.dtype  # half precision: sums in float32
+        n = tirx.Cast(acc, count)
 
-        n = tirx.Cast(x.dtype, count)
+        def at(index: list) -> tirx.PrimExpr:
+            return tirx.Cast(acc, x[tuple(index)])
 
         def sum_of(*stat):
             red = reduce_axes()
-            return te.sum(x[tuple(element(list(stat), red))], axis=red)
+            return te.sum(at(element(list(stat), red)), axis=red)
 
         total = te.compute(shape, sum_of, name="group_sum")
 
         def squares_of(*stat):
             red = reduce_axes()
-            d = x[tuple(element(list(stat), red))] - total[stat] / n
+            d = at(element(list(stat), red)) - total[stat] / n
             return te.sum(d * d, axis=red)
 
         squares = te.compute(shape, squares_of, name="group_squares")
@@ -255,8 +258,8 @@ def _group_norm_two_pass(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr
         def out(*i):
             stat = tuple([i[k] for k in kept] + [i[c_axis] // per])
             c = i[c_axis]
-            scale = te.rsqrt(squares[stat] / n + tirx.const(eps, x.dtype)) * gamma[c]
-            return (x[i] - total[stat] / n) * scale + beta[c]
+            scale = te.rsqrt(squares[stat] / n + tirx.const(eps, acc)) * tirx.Cast(acc, gamma[c])
+            return tirx.Cast(x.dtype, (at(list(i)) - total[stat] / n) * scale + tirx.Cast(acc, beta[c]))
 
         return te.compute(x.shape, out, name="T_group_norm")
 

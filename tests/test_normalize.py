@@ -818,3 +818,26 @@ def test_taps_that_read_mostly_padding_are_computed_apart(op, image, kernel, str
     convs = [normal[node.op] for node in extract_graph(normal).nodes if op in node.op]
     assert sorted(tuple(int(d) for d in f.params[1].shape)[: len(kernel)] for f in convs) == taps
     _assert_computes_as_legalized(normal, mod, rng.standard_normal(shape).astype("float32"), 1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-4), ("float16", 4e-3)])
+def test_a_group_norm_takes_its_variance_in_two_passes_and_half_precision_sums_in_float32(dtype, tol):
+    # TVM's own group norm takes E[x^2] - E[x]^2 in one pass, which cancels for groups far from
+    # zero (at 50 +- 3: the variance 9 of 2509 - 2500); and 16,384 float16 values near 50 sum past
+    # float16's largest, 65,504
+    from autofuse.tvm_bridge import _LEGALIZATIONS
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, 64, 32), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ones, zeros = relax.const(np.ones(32, dtype)), relax.const(np.zeros(32, dtype))
+            y = bb.emit_output(relax.op.nn.group_norm(x, ones, zeros, 8, channel_axis=3, axes=[1, 2]))
+        bb.emit_func_output(y)
+    vm = relax.VirtualMachine(tvm.compile(relax.transform.LegalizeOps(_LEGALIZATIONS)(bb.get()), target="llvm"),
+                              tvm.cpu())
+    a = (np.random.default_rng(0).standard_normal((1, 64, 64, 32)) * 3 + 50).astype(dtype)
+    g = a.astype("float64").reshape(1, 64, 64, 8, 4)
+    want = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(g.var(axis=(1, 2, 4), keepdims=True) + 1e-5)
+    got = vm["main"](tvm.runtime.tensor(a)).numpy().astype("float64")
+    np.testing.assert_allclose(got, want.reshape(a.shape), rtol=tol, atol=tol)
