@@ -242,7 +242,8 @@ def test_a_kernel_whose_last_tile_recomputes_rows_keeps_its_output_apart():
     fused = apply.apply_plan(w.mod, w.graph, w.tvm_default())
     target = build.make_target("llvm")
     scheduled = build.schedule(fused, target, "rules")
-    (conv_kernel,) = [gv.name_hint for gv in scheduled.get_global_vars() if "conv2d" in gv.name_hint and "add" in gv.name_hint]
+    (conv_kernel,) = [gv.name_hint for gv in scheduled.get_global_vars()
+                      if "conv2d" in gv.name_hint and "add" in gv.name_hint]
     assert (scheduled[conv_kernel].attrs or {}).get(RECOMPUTES_ATTR)
     assert conv_kernel not in _in_place_calls(reuse_dead_inputs(pack_constants(scheduled), fused))
     xs = RNG.standard_normal((1, side, side, c)).astype("float32")
