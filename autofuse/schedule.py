@@ -1163,29 +1163,11 @@ def _insert_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
     rebuilds the statements on the path to the marked loop with the prefetch loop in front of
     its body."""
 
-    def visit(stmt: tirx.Stmt, loops: list) -> tirx.Stmt:
-        if isinstance(stmt, tirx.For):
-            note = (stmt.annotations or {}).get(PREFETCH_ATTR)
-            body = _prefetched(stmt, loops, str(note)) if note is not None else visit(stmt.body, [*loops, stmt])
-            if body.same_as(stmt.body) and note is None:
-                return stmt
-            notes = {k: v for k, v in (stmt.annotations or {}).items() if k != PREFETCH_ATTR}
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, notes, stmt.step)
-        if isinstance(stmt, tirx.SeqStmt):
-            seq = [visit(s, loops) for s in stmt.seq]
-            return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-        if isinstance(stmt, s_tir.SBlockRealize):
-            block = visit(stmt.block, loops)
-            return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
-        if isinstance(stmt, s_tir.SBlock):
-            body = visit(stmt.body, loops)
-            return stmt if body.same_as(stmt.body) else s_tir.SBlock(
-                stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
-                stmt.match_buffers, stmt.annotations)
-        return stmt
+    def insert(stmt: tirx.Stmt, loops: list) -> tirx.Stmt:
+        note = (stmt.annotations or {}).get(PREFETCH_ATTR) if isinstance(stmt, tirx.For) else None
+        return stmt if note is None else _with_body(stmt, _prefetched(stmt, loops, str(note)), PREFETCH_ATTR)
 
-    body = visit(func.body, [])
-    return func if body.same_as(func.body) else func.with_body(body)
+    return _map_func(func, insert)
 
 
 def _prefetched(loop: tirx.For, outer: list, note: str) -> tirx.Stmt:
@@ -1235,7 +1217,11 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
     as it is. The function is marked RECOMPUTES_ATTR: a tile reads the rows of its inputs after
     the tile before it wrote its outputs, so it must not write over an input (inplace.py)."""
 
-    def rewrite(realize: s_tir.SBlockRealize, loops: list, rows: int, tile: int) -> s_tir.SBlockRealize | None:
+    from tvm.sym.analyzer import Analyzer
+
+    ana = Analyzer()
+
+    def rewrite(realize: s_tir.SBlockRealize, loops: list, rows: int, tile: int) -> s_tir.SBlockRealize:
         kept, values = [], list(realize.iter_values)
         for cond in _conjuncts(realize.predicate):
             if not (isinstance(cond, tirx.LT) and isinstance(cond.b, tirx.IntImm) and int(cond.b) == rows):
@@ -1245,7 +1231,7 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
                          and _is_zero(f.min) and not _uses(ana.simplify(cond.a - f.loop_var), f.loop_var)), None)
             matches = [k for k, v in enumerate(values) if ana.can_prove_equal(v, cond.a)]
             if step is None or not matches:
-                return None
+                raise _KeptPredicate
             start = ana.simplify(cond.a - step.loop_var)
             moved = tirx.Min(start, tirx.const(rows - tile, start.ty.dtype)) + step.loop_var
             for k in matches:
@@ -1255,49 +1241,27 @@ def _overlap_last_tile(func: tirx.PrimFunc) -> tirx.PrimFunc:
         predicate = functools.reduce(tirx.And, kept) if kept else tirx.const(True, "bool")
         return s_tir.SBlockRealize(values, predicate, realize.block)
 
-    def visit(stmt: tirx.Stmt, note: tuple[int, int] | None, loops: list) -> tirx.Stmt | None:
-        if isinstance(stmt, tirx.For):
-            mark = (stmt.annotations or {}).get(OVERLAP_ATTR)
-            if mark is not None:
-                note, loops = tuple(int(x) for x in str(mark).split(":")), []
-            body = visit(stmt.body, note, [*loops, stmt] if note else loops)
-            if body is None:
-                return None if mark is None else stmt  # a tile left as it was
-            notes = {k: v for k, v in (stmt.annotations or {}).items() if k != OVERLAP_ATTR}
-            if body.same_as(stmt.body) and mark is None:
-                return stmt
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, notes,
-                            stmt.step)
-        if isinstance(stmt, tirx.SeqStmt):
-            seq = [visit(s, note, loops) for s in stmt.seq]
-            if any(s is None for s in seq):
-                return None
-            return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-        if isinstance(stmt, s_tir.SBlockRealize):
-            realize = rewrite(stmt, loops, *note) if note else stmt
-            if realize is None:
-                return None
-            block = visit(realize.block, note, loops)
-            if block is None:
-                return None
-            return realize if block.same_as(realize.block) else s_tir.SBlockRealize(
-                realize.iter_values, realize.predicate, block)
-        if isinstance(stmt, s_tir.SBlock):
-            body = visit(stmt.body, note, loops)
-            if body is None:
-                return None
-            return stmt if body.same_as(stmt.body) else s_tir.SBlock(
-                stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
-                stmt.match_buffers, stmt.annotations)
-        return stmt
+    overlapped = []  # the tiles rewritten
 
-    from tvm.sym.analyzer import Analyzer
+    def overlap(stmt: tirx.Stmt, _outer: list) -> tirx.Stmt:
+        mark = (stmt.annotations or {}).get(OVERLAP_ATTR) if isinstance(stmt, tirx.For) else None
+        if mark is None:
+            return stmt
+        rows, tile = (int(x) for x in str(mark).split(":"))
+        try:  # every block of the tile, or none (a tile with another predicate stays as it was)
+            body = _map_stmts(stmt.body, lambda node, loops: rewrite(node, loops, rows, tile)
+                              if isinstance(node, s_tir.SBlockRealize) else node, [stmt])
+        except _KeptPredicate:
+            body = stmt.body
+        overlapped.extend([] if body.same_as(stmt.body) else [stmt])
+        return _with_body(stmt, body, OVERLAP_ATTR)
 
-    ana = Analyzer()
-    body = visit(func.body, None, [])
-    if body is None or body.same_as(func.body):
-        return func
-    return func.with_body(body).with_attr(RECOMPUTES_ATTR, True)
+    func = _map_func(func, overlap)
+    return func.with_attr(RECOMPUTES_ATTR, True) if overlapped else func
+
+
+class _KeptPredicate(Exception):
+    """A block of a marked tile whose predicate is not a row bound _overlap_last_tile rewrites."""
 
 
 def _conjuncts(cond: tirx.PrimExpr) -> list:
@@ -1737,28 +1701,49 @@ def _as_spatial(block: s_tir.SBlock) -> s_tir.SBlock | None:
 
 
 def _map_blocks(func: tirx.PrimFunc, fn: Callable[[s_tir.SBlock], s_tir.SBlock]) -> tirx.PrimFunc:
-    """`func` with every block but the root replaced by `fn` of it (loop nests and sequences
-    rebuilt only where something changed)."""
-    def visit(stmt: tirx.Stmt) -> tirx.Stmt:
-        if isinstance(stmt, tirx.For):
-            body = visit(stmt.body)
-            return stmt if body.same_as(stmt.body) else tirx.For(
-                stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step)
-        if isinstance(stmt, tirx.SeqStmt):
-            seq = [visit(x) for x in stmt.seq]
-            return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-        if isinstance(stmt, s_tir.SBlockRealize):
-            block = stmt.block
-            inner = visit(block.body)
-            if not inner.same_as(block.body):
-                block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, inner, block.init,
-                                     block.alloc_buffers, block.match_buffers, block.annotations)
-            block = fn(block) if stmt.iter_values else block  # the root block realises no iterators
-            return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
-        return stmt
+    """`func` with every block but the root replaced by `fn` of it."""
+    def apply(stmt: tirx.Stmt, _loops: list) -> tirx.Stmt:
+        if not (isinstance(stmt, s_tir.SBlockRealize) and stmt.iter_values):  # the root realises no iterators
+            return stmt
+        block = fn(stmt.block)
+        return stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
 
-    body = visit(func.body)
+    return _map_func(func, apply)
+
+
+def _map_stmts(stmt: tirx.Stmt, fn: Callable[[tirx.Stmt, list], tirx.Stmt], loops: list) -> tirx.Stmt:
+    """`stmt` rebuilt bottom up, each loop, sequence, block realisation and block replaced by
+    `fn(node, loops)` once its own statements are (`loops`: the loops around the node, the
+    outermost first, after those given); a node is rebuilt only where something below changed.
+    TIR's Python API in TVM 0.27 has no statement mutator (ir_transform went with TE)."""
+    node = stmt
+    if isinstance(stmt, tirx.For):
+        body = _map_stmts(stmt.body, fn, [*loops, stmt])
+        node = stmt if body.same_as(stmt.body) else _with_body(stmt, body)
+    elif isinstance(stmt, tirx.SeqStmt):
+        seq = [_map_stmts(x, fn, loops) for x in stmt.seq]
+        node = stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+    elif isinstance(stmt, s_tir.SBlockRealize):
+        block = _map_stmts(stmt.block, fn, loops)
+        node = stmt if block.same_as(stmt.block) else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, block)
+    elif isinstance(stmt, s_tir.SBlock):
+        body = _map_stmts(stmt.body, fn, loops)
+        node = stmt if body.same_as(stmt.body) else s_tir.SBlock(
+            stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
+            stmt.match_buffers, stmt.annotations)
+    return fn(node, loops)
+
+
+def _map_func(func: tirx.PrimFunc, fn: Callable[[tirx.Stmt, list], tirx.Stmt]) -> tirx.PrimFunc:
+    """`func` with its statements mapped by `_map_stmts`."""
+    body = _map_stmts(func.body, fn, [])
     return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _with_body(loop: tirx.For, body: tirx.Stmt, drop: str | None = None) -> tirx.For:
+    """`loop` around `body`, without the annotation `drop`."""
+    notes = {k: v for k, v in (loop.annotations or {}).items() if k != drop}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, notes, loop.step)
 
 
 def _schedule(func: tirx.PrimFunc, lanes: int, tile: bool, acc: int) -> tirx.PrimFunc | None:
