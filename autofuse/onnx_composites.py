@@ -12,10 +12,10 @@ its producer's epilogue). Before these, a model holding one stopped at "unsuppor
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from autofuse.onnx_converters import array_const
+from autofuse.onnx_converters import calls_op
 from autofuse.onnx_converters import const_like
 from autofuse.onnx_converters import const_int
 from autofuse.onnx_converters import const_ints
@@ -218,7 +218,7 @@ def _instance_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: lis
     other instance norm is the stock converter's."""
     data, scale, bias = inputs[0], inputs[1], inputs[2]
     src = bb.lookup_binding(data) if isinstance(data, relax.Var) else data
-    shape, x = static_shape(data), src.args[0] if _is_reshape(src) else None
+    shape, x = static_shape(data), src.args[0] if calls_op(src, "relax.reshape") else None
     whole = static_shape(x) if x is not None else None
     if not (shape and whole and len(shape) == 3 and len(whole) >= 3 and whole[0] == shape[0]
             and whole[1] % shape[1] == 0 and int(np.prod(whole[1:])) == shape[1] * shape[2]):
@@ -232,10 +232,6 @@ def _instance_norm(bb: relax.BlockBuilder, inputs: list, attr: dict, params: lis
     norm = relax.op.nn.group_norm(x, per_channel(scale), per_channel(bias), groups, channel_axis=1,
                                   axes=list(range(2, len(whole))), epsilon=float(attr.get("epsilon", 1e-5)))
     return bb.emit(relax.op.reshape(bb.emit(norm), shape))
-
-
-def _is_reshape(expr: relax.Expr | None) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.reshape"
 
 
 CONVERTERS: dict[str, type] = {

@@ -40,6 +40,11 @@ def element_dtype(code: int) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(code))
 
 
+def calls_op(expr: object, name: str) -> bool:
+    """Whether `expr` is a call of the Relax operator `name` ("relax.reshape")."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
 def is_const(expr: relax.Expr | None) -> bool:
     return isinstance(expr, tvm.ir.expr.GenericConst)
 

@@ -28,6 +28,7 @@ from tvm import tirx
 from autofuse.graph import OpGraph
 from autofuse.graph import OpKind
 from autofuse.graph import OpNode
+from autofuse.onnx_converters import calls_op
 from autofuse.onnx_sizes import scalar_tensor
 from autofuse.plan import FusionPlan
 from autofuse.schedule import SERIAL_INNER
@@ -421,12 +422,10 @@ class _LayoutRewriter(relax.PyExprMutator):
         """y, where `value` reshapes a reshape of y back to y's own shape (onnx_composites' group
         norm of an image, reshaped as the instance norm PyTorch exported it over, and back):
         with the pair in between, ConvertLayout put a transpose on either side."""
-        is_reshape = lambda e: (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)  # noqa: E731
-                                and e.op.name == "relax.reshape")
-        if not (is_reshape(value) and isinstance(value.args[0], relax.Var)):
+        if not (calls_op(value, "relax.reshape") and isinstance(value.args[0], relax.Var)):
             return None
         inner = self.lookup_binding(self.visit_expr(value.args[0]))  # the reshaped value as rewritten
-        y = inner.args[0] if is_reshape(inner) else None
+        y = inner.args[0] if calls_op(inner, "relax.reshape") else None
         if y is None or _static_dims(y.ty) is None or _static_dims(y.ty) != _static_dims(value.ty):
             return None
         return y
@@ -442,8 +441,7 @@ class _LayoutRewriter(relax.PyExprMutator):
         if isinstance(back, relax.DataflowVar):  # its uses read y itself, for the same reason as below
             self.set_var_remap(binding.var, back)
             return
-        if (isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.Call)
-                and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
+        if (isinstance(binding.var, relax.DataflowVar) and calls_op(value, "relax.astype")
                 and str(value.attrs.dtype) == "float32"):
             whole = self._whole_float(self.visit_expr(value.args[0]))
             if isinstance(whole, relax.DataflowVar):
@@ -1088,7 +1086,7 @@ class _RowPadder(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d"):
+        if not calls_op(call, "relax.nn.conv1d"):
             return call
         axis = str(call.attrs.out_layout or call.attrs.data_layout).index("W")
         width = getattr(call.ty.shape.values[axis], "value", None) if call.ty.ndim == 3 else None
