@@ -48,23 +48,23 @@ def diffusers(name: str, out: str) -> None:
 
     torch.manual_seed(0)
     if name == "vae_decoder":
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(64, 128, 128, 256),
-                            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                            layers_per_block=2, norm_num_groups=32).eval()
-        run, args, names = lambda z: vae.decode(z).sample, (torch.randn(1, 4, 32, 32),), ["latent"]
+        model = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(64, 128, 128, 256),
+                              down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                              layers_per_block=2, norm_num_groups=32)
+        run, args, names = lambda m, z: m.decode(z).sample, (torch.randn(1, 4, 32, 32),), ["latent"]
     elif name == "unet2d":
-        unet = UNet2DModel(sample_size=64, in_channels=3, out_channels=3, block_out_channels=(64, 128, 128, 256),
-                           down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D", "DownBlock2D"),
-                           up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
-                           layers_per_block=2).eval()
-        run = lambda x, t: unet(x, t).sample  # noqa: E731
+        model = UNet2DModel(sample_size=64, in_channels=3, out_channels=3, block_out_channels=(64, 128, 128, 256),
+                            down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D", "DownBlock2D"),
+                            up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
+                            layers_per_block=2)
+        run = lambda m, x, t: m(x, t).sample  # noqa: E731
         args, names = (torch.randn(1, 3, 64, 64), torch.tensor([10])), ["sample", "timestep"]
     elif name == "unet_cond":
-        unet = UNet2DConditionModel(sample_size=32, in_channels=4, out_channels=4, block_out_channels=(64, 128, 256),
-                                    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-                                    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-                                    layers_per_block=1, cross_attention_dim=256, attention_head_dim=8).eval()
-        run = lambda x, t, text: unet(x, t, encoder_hidden_states=text).sample  # noqa: E731
+        model = UNet2DConditionModel(sample_size=32, in_channels=4, out_channels=4, block_out_channels=(64, 128, 256),
+                                     down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+                                     up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+                                     layers_per_block=1, cross_attention_dim=256, attention_head_dim=8)
+        run = lambda m, x, t, text: m(x, t, encoder_hidden_states=text).sample  # noqa: E731
         args = (torch.randn(1, 4, 32, 32), torch.tensor([10]), torch.randn(1, 77, 256))
         names = ["sample", "timestep", "text"]
     else:
@@ -76,11 +76,10 @@ def diffusers(name: str, out: str) -> None:
             self.model = model  # its weights exported as the graph's initializers
 
         def forward(self, *xs):  # noqa: ANN002, ANN202
-            return run(*xs)
+            return run(self.model, *xs)
 
     with torch.no_grad():
-        torch.onnx.export(Wrapped(vae if name == "vae_decoder" else unet), args, out, input_names=names,
-                          dynamo=False, opset_version=17)
+        torch.onnx.export(Wrapped(model.eval()), args, out, input_names=names, dynamo=False, opset_version=17)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
   computed over the outputs at which it reads the image);
 - streamed: a kernel x 1 convolution (Inception's 7x1; `--kernel 3` a 3x3 one) on images whose
   pixels no row tile divides (17x17, 13x13), its weights streamed, with and without
-  schedule._stream_tiles keeping such tiles out of parallel row groups.
+  schedule._stream_tiles keeping such tiles out of parallel row groups;
+- overlap: a convolution (`--kernel 1`: Xception's 1x1) from and into `--in-channels` channels on
+  images whose pixels no row tile divides (37x37, 19x19), with and without
+  schedule._overlap_last_tile (the last tile overlapping the one before it, not predicated).
 
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 255,256 --image 20
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py channels --sizes 1,2,3,8 --image 64
@@ -27,6 +30,7 @@ The figures of benchmarks/JOURNAL.md and the rules' came from this:
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py apart --sizes 6,12 --image 14 --in-channels 960
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 17,16 --in-channels 192 --kernel 7
     TVM_NUM_THREADS=2 python scripts/ragged_shapes.py streamed --sizes 13 --in-channels 96 --kernel 3
+    TVM_NUM_THREADS=2 python scripts/ragged_shapes.py overlap --sizes 37,19 --in-channels 728 --kernel 1
 """
 
 import argparse
@@ -82,7 +86,8 @@ def _module(shape: tuple[int, ...], body) -> tuple[tvm.IRModule, tuple[int, ...]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation", "apart", "streamed"])
+    ap.add_argument("case", choices=["channels", "frames", "transpose", "fivewide", "dilation", "apart", "streamed",
+                                     "overlap"])
     ap.add_argument("--sizes", default="255,256", help="output channels, output frames, dilations, or image sides")
     ap.add_argument("--image", type=int, default=20, help="channels, fivewide: image height and width")
     ap.add_argument("--in-channels", type=int, default=None, help="default 64 (channels) or 512")
@@ -96,7 +101,8 @@ def main() -> None:
             "fivewide": (schedule, "_five_wide", lambda *_: ()),
             "dilation": (tvm_bridge, "LiveTaps", lambda: unchanged),
             "apart": (tvm_bridge, "TapsApart", lambda: unchanged),
-            "streamed": (schedule, "_stream_tiles", None)}[args.case]
+            "streamed": (schedule, "_stream_tiles", None),
+            "overlap": (schedule, "_overlap_last_tile", lambda func: func)}[args.case]
     original = getattr(rule[0], rule[1])
     if rule[2] is None:  # streamed: tiles split into row groups whether or not the last is partial
         rule = (*rule[:2], lambda *a: original(*a[:-1], False))
@@ -106,6 +112,8 @@ def main() -> None:
             mod, shape = conv2d(size, args.image, args.in_channels or 64, args.kernel)
         elif args.case == "streamed":
             mod, shape = tall(size, args.in_channels or 192, args.kernel)
+        elif args.case == "overlap":
+            mod, shape = conv2d(args.in_channels or 512, size, args.in_channels or 512, args.kernel)
         elif args.case in ("dilation", "apart"):
             mod, shape = atrous(size, args.image, args.in_channels or 512)
         else:
